@@ -1,0 +1,187 @@
+"""Build a tiny Qwen2-architecture model with a local character-level tokenizer.
+
+Why: this machine may not download models, yet the real runtime (vLLM rollout, torch
+training) must be exercised end to end. A randomly initialised ``Qwen2ForCausalLM`` saved as
+an ordinary HF directory loads unchanged in ``AutoModelForCausalLM.from_pretrained`` and in
+``vllm.LLM``; a character vocabulary keeps the tokenizer local and the vocabulary tiny (128),
+so a 2-layer model generates thousands of tokens per second on one core.
+
+The chat template is deliberately simple and has no whitespace of its own::
+
+    <|bos|><|user|>copy 4821<|assistant|>4821<|eos|>
+
+Special tokens are matched whole by the tokenizer (added tokens), every other character is
+one token; characters outside printable ASCII map to ``<|unk|>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import string
+import tempfile
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>"]
+PAD, BOS, EOS, UNK = SPECIAL_TOKENS[:4]
+VOCAB_SIZE = 128
+"""Embedding rows; the character vocabulary (7 specials + 96 chars) fits with room to spare."""
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>{{ message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+_MARKER = "bidirl_tiny.json"
+
+
+def char_vocab() -> dict[str, int]:
+    """Token -> id: special tokens first (ids 0..6), then newline and printable ASCII."""
+    chars = ["\n"] + [c for c in string.printable if c.isprintable()]
+    tokens = SPECIAL_TOKENS + chars
+    return {tok: i for i, tok in enumerate(tokens)}
+
+
+def build_tokenizer():
+    """A ``PreTrainedTokenizerFast`` over :func:`char_vocab` with the chat template set."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = char_vocab()
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    # Every character becomes its own pre-token ("isolated"), so WordLevel maps chars 1:1.
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("(?s)."), behavior="isolated")
+    # Fuse joins decoded characters without the spaces WordLevel would insert.
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(SPECIAL_TOKENS)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        additional_special_tokens=SPECIAL_TOKENS[4:],
+        clean_up_tokenization_spaces=False,
+        model_max_length=512,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def _spec(layers: int, hidden: int, heads: int, kv_heads: int, seed: int, max_len: int) -> dict:
+    return {
+        "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+        "seed": seed, "max_len": max_len, "vocab_size": VOCAB_SIZE, "format": 1,
+    }
+
+
+def tiny_config(layers: int, hidden: int, heads: int, kv_heads: int, max_len: int = 512):
+    from transformers import Qwen2Config
+
+    if hidden % heads or heads % kv_heads:
+        raise ValueError(
+            f"hidden ({hidden}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads})"
+        )
+    vocab = char_vocab()
+    return Qwen2Config(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=max_len,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        bos_token_id=vocab[BOS],
+        eos_token_id=vocab[EOS],
+        pad_token_id=vocab[PAD],
+        torch_dtype="float32",
+    )
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    layers: int = 2,
+    hidden: int = 128,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+    max_len: int = 512,
+) -> Path:
+    """Write a randomly initialised tiny Qwen2 model + tokenizer to ``out_dir``; return it.
+
+    Idempotent: if ``out_dir`` already holds a model built with the same arguments it is
+    reused untouched. The directory is written to a temporary sibling and renamed into place,
+    so concurrent builders (tests, Ray workers) never see a half-written model.
+    """
+    out_dir = Path(out_dir)
+    spec = _spec(layers, hidden, heads, kv_heads, seed, max_len)
+    if _matches(out_dir, spec):
+        return out_dir
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    config = tiny_config(layers, hidden, heads, kv_heads, max_len)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    tok = build_tokenizer()
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / _MARKER).write_text(json.dumps(spec, indent=1, sort_keys=True))
+        _replace_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _matches(out_dir: Path, spec: dict) -> bool:
+    marker = out_dir / _MARKER
+    if not (marker.is_file() and (out_dir / "model.safetensors").is_file()):
+        return False
+    try:
+        return json.loads(marker.read_text()) == spec
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst``, replacing an older build; safe if another process won."""
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old.{os.getpid()}")
+        os.replace(dst, old)
+        shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.replace(src, dst)
+    except OSError:
+        if not dst.exists():  # lost a race to another builder: theirs is equally good
+            raise
+
+
+def load_tokenizer(model_dir: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def encode_prompt(tokenizer, messages) -> list[int]:
+    """Chat-template token ids for a prompt, ending with the assistant tag."""
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)

@@ -1,0 +1,186 @@
+"""Ledgers: who owns each device and what it hosts; what happened to each prompt group.
+
+The *device ledger* makes borrowing a transaction: a device keeps its owner pool for
+life, hosts exactly one role at a time, and every lend and reclaim is recorded with the
+switch cost that was charged (simulated) or measured (real).  The *group ledger* is the
+audit trail that proves every prompt group was trained exactly once and none was lost.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+
+from bidirl.core.samples import GroupState, LifecycleError, PromptGroup
+from bidirl.core.staleness import check_trainable
+
+
+class Pool(str, Enum):
+    ROLLOUT = "rollout"
+    TRAIN = "train"
+
+
+class Role(str, Enum):
+    """What a device hosts.  ``AUX_TRAIN`` is an auxiliary trainer on a rollout device."""
+
+    ROLLOUT = "rollout"
+    TRAIN = "train"
+    AUX_TRAIN = "aux_train"
+    NONE = "none"  # between roles while a switch is under way
+
+
+NATIVE_ROLE = {Pool.ROLLOUT: Role.ROLLOUT, Pool.TRAIN: Role.TRAIN}
+BORROWED_ROLE = {Pool.ROLLOUT: Role.AUX_TRAIN, Pool.TRAIN: Role.ROLLOUT}
+
+
+class LedgerError(RuntimeError):
+    """A lend or reclaim that breaks the ledger's rules."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    kind: str  # "lend" or "reclaim"
+    device: int
+    role: Role  # the borrowed role being brought up (lend) or released (reclaim)
+    t: float
+    cost_s: float
+
+
+@dataclass(slots=True)
+class DeviceRecord:
+    device: int
+    pool: Pool
+    node: int
+    role: Role
+
+    @property
+    def lent(self) -> bool:
+        return self.role not in (NATIVE_ROLE[self.pool], Role.NONE)
+
+
+@dataclass
+class DeviceLedger:
+    """Owner pool and hosted role of every device, and the lend/reclaim history."""
+
+    devices: dict[int, DeviceRecord] = field(default_factory=dict)
+    transactions: list[Transaction] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, rollout: list[int], train: list[int], devices_per_node: int = 8):
+        if set(rollout) & set(train):
+            raise LedgerError(f"devices in both pools: {sorted(set(rollout) & set(train))}")
+        ledger = cls()
+        for pool, ids in ((Pool.ROLLOUT, rollout), (Pool.TRAIN, train)):
+            for d in ids:
+                ledger.devices[d] = DeviceRecord(d, pool, d // devices_per_node, NATIVE_ROLE[pool])
+        return ledger
+
+    def pool_of(self, device: int) -> Pool:
+        return self.devices[device].pool
+
+    def role_of(self, device: int) -> Role:
+        return self.devices[device].role
+
+    def in_pool(self, pool: Pool) -> list[int]:
+        return [d for d, r in self.devices.items() if r.pool == pool]
+
+    def lent(self, pool: Pool) -> list[int]:
+        return [d for d, r in self.devices.items() if r.pool == pool and r.lent]
+
+    def lend(self, device: int, t: float, cost_s: float) -> Role:
+        """Move ``device`` to the other pool's role.  Returns that role."""
+        rec = self._get(device)
+        if rec.role != NATIVE_ROLE[rec.pool]:
+            raise LedgerError(
+                f"device {device} ({rec.pool.value} pool) hosts {rec.role.value}; "
+                "only a device hosting its native role can be lent"
+            )
+        rec.role = BORROWED_ROLE[rec.pool]
+        self.transactions.append(Transaction("lend", device, rec.role, t, cost_s))
+        return rec.role
+
+    def reclaim(self, device: int, t: float, cost_s: float) -> None:
+        rec = self._get(device)
+        if not rec.lent:
+            raise LedgerError(f"device {device} is not lent (hosts {rec.role.value})")
+        self.transactions.append(Transaction("reclaim", device, rec.role, t, cost_s))
+        rec.role = NATIVE_ROLE[rec.pool]
+
+    def counts(self) -> dict[str, int]:
+        lends = [x for x in self.transactions if x.kind == "lend"]
+        return {
+            "roll_on_train": sum(1 for x in lends if x.role == Role.ROLLOUT),
+            "train_on_roll": sum(1 for x in lends if x.role == Role.AUX_TRAIN),
+        }
+
+    def switch_time_s(self) -> float:
+        return sum(x.cost_s for x in self.transactions)
+
+    def _get(self, device: int) -> DeviceRecord:
+        try:
+            return self.devices[device]
+        except KeyError:
+            raise LedgerError(f"unknown device {device}") from None
+
+
+@dataclass
+class AuditReport:
+    groups_total: int
+    groups_trained: int
+    groups_lost: list[int]
+    trained_twice: list[int]
+    staleness_violations: list[str]
+    max_staleness: int
+    mean_staleness: float
+
+    @property
+    def ok(self) -> bool:
+        return not (self.groups_lost or self.trained_twice or self.staleness_violations)
+
+
+@dataclass
+class GroupLedger:
+    """Every prompt group the run created, and how many times each was trained."""
+
+    groups: dict[int, PromptGroup] = field(default_factory=dict)
+    trained_count: Counter = field(default_factory=Counter)
+    staleness: dict[int, int] = field(default_factory=dict)
+
+    def add(self, group: PromptGroup) -> None:
+        if group.group_id in self.groups:
+            raise LedgerError(f"group {group.group_id} created twice")
+        self.groups[group.group_id] = group
+
+    def mark_trained(self, group_id: int, batch: int, bound: int, t: float) -> int:
+        """Record that ``group_id`` went into the update of ``batch``; returns its gap."""
+        g = self.groups[group_id]
+        if g.state != GroupState.COMPLETE:
+            raise LifecycleError(f"group {group_id} trained while {g.state.value}")
+        if g.batch != batch:
+            raise LedgerError(f"group {group_id} belongs to batch {g.batch}, not {batch}")
+        gap = check_trainable(batch, g.v_first if g.v_first is not None else batch, bound,
+                              what=f"group {group_id}")
+        g.move(GroupState.TRAINED, t)
+        self.trained_count[group_id] += 1
+        self.staleness[group_id] = gap
+        return gap
+
+    def audit(self, bound: int, through_batch: int | None = None) -> AuditReport:
+        """Check every group up to ``through_batch`` (all if None) was trained exactly once."""
+        due = [g for g in self.groups.values()
+               if through_batch is None or g.batch <= through_batch]
+        lost = sorted(g.group_id for g in due if self.trained_count[g.group_id] == 0)
+        twice = sorted(gid for gid, c in self.trained_count.items() if c > 1)
+        violations = [f"group {gid}: gap {gap} > bound {bound}"
+                      for gid, gap in self.staleness.items() if gap > bound]
+        gaps = list(self.staleness.values())
+        return AuditReport(
+            groups_total=len(due),
+            groups_trained=sum(1 for g in due if self.trained_count[g.group_id] >= 1),
+            groups_lost=lost,
+            trained_twice=twice,
+            staleness_violations=violations,
+            max_staleness=max(gaps, default=0),
+            mean_staleness=(sum(gaps) / len(gaps)) if gaps else 0.0,
+        )

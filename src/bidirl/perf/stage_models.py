@@ -1,0 +1,178 @@
+"""Stage-time models: how long a decode step, a prefill, a micro-batch or a sync takes.
+
+Every model is linear in physical features so that it can be calibrated online
+(``calibration.LinearTimeModel``); the priors are rooflines from the hardware and model
+profiles::
+
+    decode step  t = a + c * b + k * S          b = running sequences, S = sum of contexts
+                 a: read the weights shard once (memory bound) + fixed step overhead
+                 c: dense FLOPs per token (+ tensor-parallel all-reduce per token)
+                 k: read one token's KV cache (memory bound)
+    prefill      t = a_p + c_p * tokens
+    micro-batch  t = a_m + c_m * tokens + q_m * tokens * seq_len     (fwd + bwd = 3x fwd)
+    step sync    t = a_s + grad_bytes_on_wire / bandwidth            (data-parallel all-reduce)
+    weight sync  t = a_w + weights_bytes / bandwidth
+
+A replica's throughput follows from the decode model, so long tails appear by
+themselves when a few long responses keep a replica stepping at tiny batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from bidirl.perf.calibration import LinearTimeModel
+from bidirl.perf.profiles import HardwareProfile, ModelProfile
+
+STEP_OVERHEAD_S = 1.5e-3  # scheduler + launch overhead per decode step on a GPU engine
+KV_MEMORY_FRACTION = 0.9  # vLLM's gpu_memory_utilization default
+MAX_NUM_SEQS = 256  # vLLM's default cap on concurrent sequences per replica
+
+
+def decode_prior(hw: HardwareProfile, m: ModelProfile, tp: int) -> tuple[float, float, float]:
+    bw = hw.hbm_gbps * 1e9 * hw.decode_efficiency
+    flops = hw.peak_tflops * 1e12 * hw.decode_efficiency
+    a = m.weights_bytes / tp / bw + STEP_OVERHEAD_S * (hw.name != "cpu-core")
+    c = m.flops_per_token / tp / flops
+    if tp > 1:  # two all-reduces of the hidden state per layer
+        c += 2 * m.layers * m.hidden * m.bytes_per_param * 2 * (tp - 1) / tp / (
+            hw.intra_node_gbps * 1e9)
+        a += 2 * m.layers * 8e-6  # all-reduce latency
+    k = m.kv_bytes_per_token / tp / bw + m.attention_flops_per_token(1) / tp / flops
+    return (a, c, k)
+
+
+def train_prior(hw: HardwareProfile, m: ModelProfile, tp: int) -> tuple[float, float, float]:
+    flops = hw.peak_tflops * 1e12 * hw.train_mfu
+    a = 5e-3
+    c = 3 * m.flops_per_token / tp / flops
+    q = 3 * m.attention_flops_per_token(1) / tp / flops / 2  # causal: half the square
+    return (a, c, q)
+
+
+@dataclass
+class RolloutStageModel:
+    """Decode and prefill time of one rollout replica (``tp`` devices)."""
+
+    hw: HardwareProfile
+    model: ModelProfile
+    tp: int = 1
+    prior_scale: float = 1.0  # >1: a deliberately pessimistic prior (tests calibration)
+    decode: LinearTimeModel = field(init=False)
+    prefill: LinearTimeModel = field(init=False)
+    refit_every: int = 1
+
+    def __post_init__(self) -> None:
+        p = tuple(x * self.prior_scale for x in decode_prior(self.hw, self.model, self.tp))
+        self.decode = LinearTimeModel("decode", p, refit_every=self.refit_every)
+        flops = self.hw.peak_tflops * 1e12 * max(self.hw.train_mfu, 0.3)
+        pp = (2e-3 * self.prior_scale,
+              self.model.flops_per_token / self.tp / flops * self.prior_scale)
+        self.prefill = LinearTimeModel("prefill", pp, refit_every=self.refit_every)
+
+    def decode_step_s(self, batch: int, context_tokens: float) -> float:
+        return self.decode.predict((1.0, batch, context_tokens))
+
+    def prefill_s(self, tokens: float) -> float:
+        return self.prefill.predict((1.0, tokens)) if tokens > 0 else 0.0
+
+    def tokens_per_s(self, batch: int, mean_context: float) -> float:
+        """Steady decode throughput of the replica at a given running batch."""
+        if batch <= 0:
+            return 0.0
+        return batch / self.decode_step_s(batch, batch * mean_context)
+
+    def steps_time_s(self, batch: int, context_tokens: float, steps: int) -> float:
+        """Time of ``steps`` decode steps at constant batch while contexts grow by 1/step."""
+        a, c, k = self.decode.theta
+        return steps * (a + c * batch + k * context_tokens) + k * batch * steps * (steps - 1) / 2
+
+    def observe_decode(self, batch: int, context_tokens: float, measured_s: float) -> float:
+        return self.decode.observe((1.0, batch, context_tokens), measured_s)
+
+    def observe_prefill(self, tokens: float, measured_s: float) -> float:
+        return self.prefill.observe((1.0, tokens), measured_s)
+
+
+def max_concurrency(hw: HardwareProfile, m: ModelProfile, tp: int, context_tokens: float,
+                    max_num_seqs: int = MAX_NUM_SEQS) -> int:
+    """Sequences a replica can hold at once when each needs ``context_tokens`` of KV.
+
+    0 means the weights shard does not even fit.  The activation reserve is 5 % of memory.
+    """
+    budget = hw.memory_bytes * tp * (KV_MEMORY_FRACTION - 0.05) - m.weights_bytes
+    if budget <= 0:
+        return 0
+    per_seq = m.kv_bytes_per_token * max(context_tokens, 1.0)
+    return max(0, min(max_num_seqs, int(budget // per_seq)))
+
+
+@dataclass
+class TrainStageModel:
+    """Time of one training micro-batch on one data-parallel rank, and of step sync."""
+
+    hw: HardwareProfile
+    model: ModelProfile
+    tp: int = 1
+    prior_scale: float = 1.0
+    micro: LinearTimeModel = field(init=False)
+    sync: LinearTimeModel = field(init=False)
+    refit_every: int = 1
+
+    def __post_init__(self) -> None:
+        p = tuple(x * self.prior_scale for x in train_prior(self.hw, self.model, self.tp))
+        self.micro = LinearTimeModel("train_micro", p, refit_every=self.refit_every)
+        self.sync = LinearTimeModel("train_sync", (0.05 * self.prior_scale, self.prior_scale),
+                                    refit_every=self.refit_every)
+
+    @staticmethod
+    def micro_features(tokens: float, seq_len: float) -> tuple[float, float, float]:
+        return (1.0, tokens, tokens * seq_len)
+
+    def microbatch_s(self, tokens: float, seq_len: float) -> float:
+        return self.micro.predict(self.micro_features(tokens, seq_len))
+
+    def grad_wire_s(self, dp: int, spans_nodes: bool) -> float:
+        """Bandwidth term of a ring all-reduce of the gradients over ``dp`` ranks."""
+        if dp <= 1:
+            return 0.0
+        bw = (self.hw.inter_node_gbps if spans_nodes else self.hw.intra_node_gbps) * 1e9
+        grad_bytes = self.model.params * 4 / self.tp  # fp32 gradients
+        return 2 * (dp - 1) / dp * grad_bytes / bw
+
+    def sync_s(self, dp: int, spans_nodes: bool) -> float:
+        if dp <= 1:
+            return 0.0
+        return self.sync.predict((1.0, self.grad_wire_s(dp, spans_nodes)))
+
+    def optimizer_s(self) -> float:
+        """AdamW reads/writes ~16 bytes per parameter (fp32 master, m, v, grad)."""
+        return 16 * self.model.params / self.tp / (self.hw.hbm_gbps * 1e9 * 0.7)
+
+    def step_s(self, micro_tokens: list[float], seq_len: float, dp: int,
+               spans_nodes: bool = False) -> float:
+        """Predicted step time: micro-batches dealt round-robin to ``dp`` ranks."""
+        if dp <= 0:
+            raise ValueError("dp must be >= 1")
+        per_rank = [0.0] * dp
+        for i, tok in enumerate(micro_tokens):
+            per_rank[i % dp] += self.microbatch_s(tok, seq_len)
+        return max(per_rank) + self.sync_s(dp, spans_nodes) + self.optimizer_s()
+
+    def observe_micro(self, tokens: float, seq_len: float, measured_s: float) -> float:
+        return self.micro.observe(self.micro_features(tokens, seq_len), measured_s)
+
+
+def weight_sync_s(hw: HardwareProfile, m: ModelProfile, spans_nodes: bool = True) -> float:
+    """Prior for pushing new weights from the trainer to the rollout replicas (broadcast)."""
+    bw = (hw.inter_node_gbps if spans_nodes else hw.intra_node_gbps) * 1e9
+    return 0.2 + m.weights_bytes / bw
+
+
+def median_of(values: list[float]) -> float | None:
+    vs = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not vs:
+        return None
+    mid = len(vs) // 2
+    return vs[mid] if len(vs) % 2 else (vs[mid - 1] + vs[mid]) / 2
