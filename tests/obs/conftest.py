@@ -16,8 +16,9 @@ from bidirl.core.timeline import Activity, Interval
 IDLE_CAUSES = {"rollout": ("staleness bound", "no work"), "train": ("waiting for data",)}
 
 
-def _device_schedule(rng: random.Random, device: int, pool: str, wall_s: float,
-                     mean_s: float) -> list[Interval]:
+def _device_schedule(
+    rng: random.Random, device: int, pool: str, wall_s: float, mean_s: float
+) -> list[Interval]:
     own, lent = ("rollout", "aux_train") if pool == "rollout" else ("train", "rollout")
     out: list[Interval] = []
     t, step = 0.0, 0
@@ -46,8 +47,9 @@ def _device_schedule(rng: random.Random, device: int, pool: str, wall_s: float,
     return out
 
 
-def make_schedule(n_rollout: int = 2, n_train: int = 2, wall_s: float = 10.0,
-                  mean_s: float = 0.5, seed: int = 0) -> list[Interval]:
+def make_schedule(
+    n_rollout: int = 2, n_train: int = 2, wall_s: float = 10.0, mean_s: float = 0.5, seed: int = 0
+) -> list[Interval]:
     """Intervals for ``n_rollout`` + ``n_train`` devices tiling ``[0, wall_s]``."""
     rng = random.Random(seed)
     intervals: list[Interval] = []

@@ -3,15 +3,15 @@
 Why: this machine may not download models, yet the real runtime (vLLM rollout, torch
 training) must be exercised end to end. A randomly initialised ``Qwen2ForCausalLM`` saved as
 an ordinary HF directory loads unchanged in ``AutoModelForCausalLM.from_pretrained`` and in
-``vllm.LLM``; a character vocabulary keeps the tokenizer local and the vocabulary tiny (128),
+``vllm.LLM``; a character vocabulary keeps the tokenizer local and the vocabulary tiny (320 rows),
 so a 2-layer model generates thousands of tokens per second on one core.
 
 The chat template is deliberately simple and has no whitespace of its own::
 
     <|bos|><|user|>copy 4821<|assistant|>4821<|eos|>
 
-Special tokens are matched whole by the tokenizer (added tokens), every other character is
-one token; characters outside printable ASCII map to ``<|unk|>``.
+Special tokens are matched whole by the tokenizer (added tokens); every other byte is one
+token, so every ASCII character is one token and no text is unknown.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import string
 import tempfile
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>"]
 PAD, BOS, EOS, UNK = SPECIAL_TOKENS[:4]
-VOCAB_SIZE = 128
-"""Embedding rows; the character vocabulary (7 specials + 96 chars) fits with room to spare."""
+VOCAB_SIZE = 320
+"""Embedding rows: 7 special tokens + 256 byte tokens, padded to a multiple of 64."""
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -40,24 +39,50 @@ _MARKER = "bidirl_tiny.json"
 
 
 def char_vocab() -> dict[str, int]:
-    """Token -> id: special tokens first (ids 0..6), then newline and printable ASCII."""
-    chars = ["\n"] + [c for c in string.printable if c.isprintable()]
-    tokens = SPECIAL_TOKENS + chars
+    """Token -> id: special tokens first (ids 0..6), then one token per byte (id 7 + byte).
+
+    Bytes are spelled the GPT-2 "byte-level" way (space is ``Ġ``, newline ``Ċ``), so any
+    text encodes without an unknown token and ASCII characters are exactly one token each.
+    """
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    byte_chars = sorted(ByteLevel.alphabet(), key=_byte_of)
+    tokens = SPECIAL_TOKENS + byte_chars
     return {tok: i for i, tok in enumerate(tokens)}
 
 
-def build_tokenizer():
-    """A ``PreTrainedTokenizerFast`` over :func:`char_vocab` with the chat template set."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+def _byte_of(char: str) -> int:
+    """Inverse of GPT-2's bytes_to_unicode for one character."""
+    code = ord(char)
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    if code in printable:
+        return code
+    others = [b for b in range(256) if b not in printable]
+    return others[code - 256]
 
-    vocab = char_vocab()
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    # Every character becomes its own pre-token ("isolated"), so WordLevel maps chars 1:1.
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("(?s)."), behavior="isolated")
-    # Fuse joins decoded characters without the spaces WordLevel would insert.
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(SPECIAL_TOKENS)
+
+def build_tokenizer():
+    """A ``PreTrainedTokenizerFast`` over :func:`char_vocab` with the chat template set.
+
+    Why byte-level BPE with *no merges* rather than WordLevel: for ``model_type == "qwen2"``
+    transformers 5's ``AutoTokenizer`` (and so vLLM) ignores the saved tokenizer class and
+    rebuilds a ``Qwen2Tokenizer`` from the vocabulary and merges with Qwen2's own pipeline
+    (regex split + byte-level). A WordLevel character vocabulary loses spaces and newlines
+    in that rebuild; a merge-free byte-level BPE is character-level *and* survives it, so the
+    tokenizer saved here, the one ``AutoTokenizer`` loads and vLLM's agree id for id.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    core = Tokenizer(models.BPE(vocab=char_vocab(), merges=[], fuse_unk=False, byte_fallback=False))
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
         bos_token=BOS,

@@ -121,8 +121,12 @@ def borrowed_seconds(intervals: Iterable[Interval]) -> dict[str, float]:
     (including its switch-in/out and its bubbles); the ``*_busy`` keys count only the
     useful part, so ``busy / total`` says how well lending paid off.
     """
-    out = {ROLL_ON_TRAIN: 0.0, TRAIN_ON_ROLL: 0.0,
-           f"{ROLL_ON_TRAIN}_busy": 0.0, f"{TRAIN_ON_ROLL}_busy": 0.0}
+    out = {
+        ROLL_ON_TRAIN: 0.0,
+        TRAIN_ON_ROLL: 0.0,
+        f"{ROLL_ON_TRAIN}_busy": 0.0,
+        f"{TRAIN_ON_ROLL}_busy": 0.0,
+    }
     for iv in intervals:
         direction = borrow_direction(iv)
         if direction is None:
@@ -189,36 +193,54 @@ def _by_device(intervals: Iterable[Interval]) -> dict[int, list[Interval]]:
     return per
 
 
-def _device_violations(device: int, ivs: Sequence[Interval], wall_s: float,
-                       tol: float) -> list[Violation]:
+def _device_violations(
+    device: int, ivs: Sequence[Interval], wall_s: float, tol: float
+) -> list[Violation]:
     found: list[Violation] = []
     cursor = 0.0  # end of the tiled prefix of [0, wall_s]
     for iv in ivs:
         if iv.end_s < iv.start_s - tol:
-            found.append(Violation(device, iv.start_s, "inverted",
-                                   f"ends at {iv.end_s} before it starts"))
+            found.append(
+                Violation(device, iv.start_s, "inverted", f"ends at {iv.end_s} before it starts")
+            )
             continue
         if iv.start_s < -tol:
-            found.append(Violation(device, iv.start_s, "before_zero",
-                                   f"interval starts at {iv.start_s} before time 0"))
+            found.append(
+                Violation(
+                    device,
+                    iv.start_s,
+                    "before_zero",
+                    f"interval starts at {iv.start_s} before time 0",
+                )
+            )
         elif iv.start_s > cursor + tol:
-            found.append(Violation(device, cursor, "gap",
-                                   f"no interval covers [{cursor}, {iv.start_s})"))
+            found.append(
+                Violation(device, cursor, "gap", f"no interval covers [{cursor}, {iv.start_s})")
+            )
         elif iv.start_s < cursor - tol:
-            found.append(Violation(device, iv.start_s, "overlap",
-                                   f"[{iv.start_s}, {min(cursor, iv.end_s)}) covered twice"))
+            found.append(
+                Violation(
+                    device,
+                    iv.start_s,
+                    "overlap",
+                    f"[{iv.start_s}, {min(cursor, iv.end_s)}) covered twice",
+                )
+            )
         if iv.end_s > wall_s + tol:
-            found.append(Violation(device, wall_s, "beyond_wall",
-                                   f"interval runs to {iv.end_s} past wall {wall_s}"))
+            found.append(
+                Violation(
+                    device, wall_s, "beyond_wall", f"interval runs to {iv.end_s} past wall {wall_s}"
+                )
+            )
         cursor = max(cursor, iv.end_s)
     if cursor < wall_s - tol:
-        found.append(Violation(device, cursor, "gap",
-                               f"no interval covers [{cursor}, {wall_s})"))
+        found.append(Violation(device, cursor, "gap", f"no interval covers [{cursor}, {wall_s})"))
     return found
 
 
-def check_conservation(intervals: Iterable[Interval], n_devices: int, wall_s: float,
-                       tol: float = 1e-6) -> list[Violation]:
+def check_conservation(
+    intervals: Iterable[Interval], n_devices: int, wall_s: float, tol: float = 1e-6
+) -> list[Violation]:
     """Violations of "each device's intervals tile ``[0, wall_s]`` exactly"; empty if none.
 
     Reports gaps (including a missing start or end, or a device with no intervals at
@@ -230,8 +252,11 @@ def check_conservation(intervals: Iterable[Interval], n_devices: int, wall_s: fl
     for device in sorted(set(per) | set(range(n_devices))):
         ivs = per.get(device, [])
         if not 0 <= device < n_devices:
-            found.append(Violation(device, ivs[0].start_s, "unknown_device",
-                                   f"device not in range({n_devices})"))
+            found.append(
+                Violation(
+                    device, ivs[0].start_s, "unknown_device", f"device not in range({n_devices})"
+                )
+            )
             continue
         found.extend(_device_violations(device, ivs, wall_s, tol))
     return found
@@ -243,9 +268,15 @@ def check_borrow_flags(intervals: Iterable[Interval]) -> list[Violation]:
     for iv in intervals:
         expected = borrow_direction(iv) is not None
         if bool(iv.borrowed) != expected:
-            found.append(Violation(iv.device, iv.start_s, "borrow_flag",
-                                   f"role {iv.role} on {iv.pool} pool has borrowed="
-                                   f"{iv.borrowed}, expected {expected}"))
+            found.append(
+                Violation(
+                    iv.device,
+                    iv.start_s,
+                    "borrow_flag",
+                    f"role {iv.role} on {iv.pool} pool has borrowed="
+                    f"{iv.borrowed}, expected {expected}",
+                )
+            )
     return found
 
 

@@ -50,6 +50,7 @@ POOL_ORDER = ("rollout", "train")
 BORROWED_PREFIX = "borrowed: "
 # Chrome's reserved colour names; Perfetto ignores them, chrome://tracing uses them.
 _CNAME = {Activity.IDLE: "grey", Activity.SWITCHING: "terrible"}
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def _us(seconds: float) -> float:
@@ -143,12 +144,22 @@ def _metadata_events(
     for index, device in enumerate(order):
         tid = tid_of(device)
         events.append(
-            {"args": {"name": tracks[device][1]}, "name": "thread_name", "ph": "M",
-             "pid": PID, "tid": tid}
+            {
+                "args": {"name": tracks[device][1]},
+                "name": "thread_name",
+                "ph": "M",
+                "pid": PID,
+                "tid": tid,
+            }
         )
         events.append(
-            {"args": {"sort_index": index}, "name": "thread_sort_index", "ph": "M",
-             "pid": PID, "tid": tid}
+            {
+                "args": {"sort_index": index},
+                "name": "thread_sort_index",
+                "ph": "M",
+                "pid": PID,
+                "tid": tid,
+            }
         )
     return events
 
@@ -193,8 +204,14 @@ def instant_event(
 
 def counter_event(name: str, t_s: float, values: Mapping[str, float]) -> dict[str, Any]:
     """A counter sample (e.g. ``queue`` -> ``{"groups": 12}``) drawn as its own track."""
-    return {"args": {k: float(v) for k, v in values.items()}, "name": name, "ph": "C",
-            "pid": PID, "tid": 0, "ts": _us(t_s)}
+    return {
+        "args": {k: float(v) for k, v in values.items()},
+        "name": name,
+        "ph": "C",
+        "pid": PID,
+        "tid": 0,
+        "ts": _us(t_s),
+    }
 
 
 def _sort_key(event: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -205,7 +222,6 @@ def _sort_key(event: Mapping[str, Any]) -> tuple[Any, ...]:
         -float(event.get("dur", 0.0)),  # enclosing slices before nested ones
         str(event.get("ph", "")),
         str(event.get("name", "")),
-        json.dumps(event, sort_keys=True, default=str),
     )
 
 
@@ -220,15 +236,26 @@ def chrome_trace_bytes(
 
     One event per line keeps large traces diffable and greppable while staying valid JSON.
     """
-    ivs = sorted(intervals, key=lambda iv: (iv.device, iv.start_s, iv.end_s, iv.label))
+    # Sort on every field so equal inputs in any order give equal bytes; the event sort
+    # below is stable, so extra events keep the caller's order among equal keys.
+    ivs = sorted(
+        intervals,
+        key=lambda iv: (
+            iv.device,
+            iv.start_s,
+            iv.end_s,
+            iv.label,
+            iv.role,
+            str(iv.activity),
+            iv.pool,
+            iv.borrowed,
+        ),
+    )
     metadata = _metadata_events(process_name, _track_names(ivs, device_names))
     events = [_slice_event(iv) for iv in ivs]
     events.extend(_extra_event(e) for e in extra_events)
     events.sort(key=_sort_key)
-    lines = [
-        json.dumps(e, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        for e in metadata + events
-    ]
+    lines = [_ENCODER.encode(e) for e in metadata + events]
     text = '{"displayTimeUnit":"ms","traceEvents":[\n' + ",\n".join(lines) + "\n]}\n"
     return text.encode("utf-8")
 
@@ -242,7 +269,9 @@ def trace_sha256(
 ) -> str:
     """sha256 hex digest of the trace bytes, without writing a file."""
     data = chrome_trace_bytes(
-        intervals, process_name=process_name, extra_events=extra_events,
+        intervals,
+        process_name=process_name,
+        extra_events=extra_events,
         device_names=device_names,
     )
     return hashlib.sha256(data).hexdigest()
@@ -262,7 +291,9 @@ def write_chrome_trace(
     leaves a truncated trace that the UI would refuse to open.
     """
     data = chrome_trace_bytes(
-        intervals, process_name=process_name, extra_events=extra_events,
+        intervals,
+        process_name=process_name,
+        extra_events=extra_events,
         device_names=device_names,
     )
     target = Path(path)

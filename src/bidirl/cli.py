@@ -1,0 +1,179 @@
+"""The ``bidirl`` command: simulate, plan and train.
+
+Each subcommand lives in a small function; heavy imports (torch, vLLM, Ray, matplotlib)
+happen only inside the subcommand that needs them, so ``bidirl simulate`` starts fast.
+Expected failures (a bad scenario or config, a missing file) print one line naming the
+field and exit with status 2; a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from bidirl.sim.result import POLICIES
+
+
+class UserError(Exception):
+    """A problem with what the user asked for, reported without a traceback."""
+
+
+def _write_json(path: str, data) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _summary(r) -> str:
+    pb, st, b = r.pool_busy_fraction, r.staleness, r.borrows
+    return "\n".join([
+        f"policy {r.policy} on scenario {r.scenario}: {r.steps} steps, {r.devices} devices, seed {r.seed}",
+        f"  throughput        {r.throughput_tokens_per_s:,.0f} tokens/s "
+        f"(ideal {r.ideal_tokens_per_s:,.0f}, efficiency {r.efficiency:.1%})",
+        f"  mean step time    {r.mean_step_time_s:.2f} s   wall {r.wall_s:.1f} s",
+        f"  pool busy         rollout {pb.get('rollout', 0):.1%}   train {pb.get('train', 0):.1%}",
+        f"  borrows           roll-on-train {b.get('roll_on_train', 0)}   "
+        f"train-on-roll {b.get('train_on_roll', 0)}   switching {r.switch_time_s:.1f} s",
+        f"  staleness         mean {st.get('mean', 0):.2f}   max {st.get('max', 0):.0f}",
+        f"  groups            trained {r.groups_trained}   lost {r.groups_lost}",
+        f"  trace sha256      {r.trace_sha256[:16]}...",
+    ])
+
+
+def _progress(done: int, total: int, what: str) -> None:
+    end = "\n" if done == total or not sys.stderr.isatty() else "\r"
+    if sys.stderr.isatty() or done == total or done % 10 == 0:
+        print(f"[{done}/{total}] {what:<60}", end=end, file=sys.stderr, flush=True)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from bidirl.sim import scenario as scn
+
+    if args.grid:
+        return _simulate_grid(args)
+    sc = scn.load(args.scenario)
+    if args.plan == "auto":
+        from bidirl.planner import plan as planner
+
+        chosen = planner.plan(sc)
+        sc = planner.scenario_with_envelope(sc, chosen.envelope)
+        print(f"planner envelope: {chosen.envelope}", file=sys.stderr)
+    from bidirl.sim.run import simulate
+
+    t0 = time.perf_counter()
+    result = simulate(sc, args.policy, steps=args.steps, seed=args.seed,
+                      record_intervals=True)
+    took = time.perf_counter() - t0
+    print(_summary(result))
+    print(f"  (simulated in {took:.2f} s)")
+    if args.json:
+        _write_json(args.json, result.to_json())
+    if args.trace:
+        from bidirl.obs.trace import write_chrome_trace
+
+        write_chrome_trace(result.intervals, args.trace, process_name=f"bidirl sim {sc.name}")
+        print(f"  trace   -> {args.trace} (open in ui.perfetto.dev or chrome://tracing)")
+    if args.plot:
+        from bidirl.obs.timeline_plot import plot_timeline
+
+        plot_timeline(result.intervals, args.plot,
+                      title=f"{sc.name} / {args.policy}: {result.throughput_tokens_per_s:,.0f} tok/s")
+        print(f"  plot    -> {args.plot}")
+    return 0
+
+
+def _simulate_grid(args: argparse.Namespace) -> int:
+    from bidirl.sim import grid
+
+    if args.grid != "paper":
+        raise UserError(f"--grid: unknown grid {args.grid!r}; allowed: paper")
+    scenarios = grid.paper_grid(steps=args.steps or 12, seed=args.seed or 0)
+    policies = args.policies.split(",") if args.policies else list(POLICIES)
+    bad = [p for p in policies if p not in POLICIES]
+    if bad:
+        raise UserError(f"--policies: unknown {bad}; allowed: {', '.join(POLICIES)}")
+    rows = grid.run_grid(scenarios, policies, progress=_progress)
+    print(grid.format_table(rows, policies))
+    summary = grid.summarize(rows)
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        _write_json(args.json, {
+            "summary": summary,
+            "rows": [{"scenario": r.scenario,
+                      "results": {p: res.to_json() for p, res in r.results.items()}}
+                     for r in rows]})
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from bidirl.planner import plan as planner
+    from bidirl.sim import scenario as scn
+
+    sc = scn.load(args.scenario)
+    result = planner.plan(sc, top_k=args.top)
+    print(result.format() if hasattr(result, "format") else result)
+    if args.json:
+        _write_json(args.json, result.to_json())
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    try:
+        from bidirl.runtime.train import main as train_main
+    except ImportError as e:  # the runtime extras are not installed
+        raise UserError(f"bidirl train needs the runtime extras (torch, vllm, ray): {e}") from e
+    return train_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bidirl", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("simulate", help="simulate a policy on a scenario (or a grid)")
+    s.add_argument("--scenario", default="default", help="built-in name or path to a .yaml")
+    s.add_argument("--policy", default="bidirl", choices=POLICIES)
+    s.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--json", help="write the figures as JSON here")
+    s.add_argument("--trace", help="write a Perfetto/Chrome trace.json here")
+    s.add_argument("--plot", help="write a timeline PNG here")
+    s.add_argument("--plan", choices=("fixed", "auto"), default="fixed",
+                   help="auto: run on the planner's envelope instead of the scenario's split")
+    s.add_argument("--grid", help="run a sweep instead (allowed: paper)")
+    s.add_argument("--policies", help="comma-separated subset of policies for --grid")
+    s.set_defaults(func=cmd_simulate)
+
+    pl = sub.add_parser("plan", help="choose a resource envelope for a scenario")
+    pl.add_argument("--scenario", default="default")
+    pl.add_argument("--top", type=int, default=5)
+    pl.add_argument("--json")
+    pl.set_defaults(func=cmd_plan)
+
+    t = sub.add_parser("train", help="run GRPO for real (default: tiny model on local CPU)")
+    t.add_argument("--config", help="YAML config file")
+    t.add_argument("--resume", help="run directory to resume from")
+    t.add_argument("--ray-address", help="join an existing Ray cluster instead")
+    t.add_argument("--run-dir", help="where to write the run (default runs/<time>)")
+    t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.lr=1e-5")
+    t.set_defaults(func=cmd_train)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from bidirl.sim.scenario import ScenarioError
+
+    try:
+        return args.func(args)
+    except (UserError, ScenarioError, FileNotFoundError) as e:
+        print(f"bidirl {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"bidirl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Per-step metrics: ``metrics.jsonl`` in the run directory, mirrored to TensorBoard.
+
+``metrics.jsonl`` is the record of truth: one flat JSON object per step, appended and
+flushed immediately so a crashed run keeps every finished step, readable with nothing
+but the standard library (``read_metrics``).  Keys follow veRL's naming so dashboards and
+habits carry over: ``timing_s/gen``, ``perf/throughput``, ``trainer/idle_ratio``,
+``actor/pg_loss``...  TensorBoard groups tags by the part before ``/``.
+
+TensorBoard is a convenience, not a dependency: the writer is
+``torch.utils.tensorboard.SummaryWriter`` when torch is importable, else the
+framework-free ``tensorboard.summary.Writer``, else none (one warning per process).
+Event files go straight into ``run_dir`` so ``tensorboard --logdir runs/`` lists one
+run per run directory.
+
+A NaN or infinite value (or a non-number) is never written: JSON has no NaN, and one
+NaN ruins a TensorBoard chart's scale.  The key is skipped and named in a warning the
+first time; how often each key was skipped is logged on ``close()``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+import os
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["METRICS_FILENAME", "MetricsLogger", "read_metrics"]
+
+METRICS_FILENAME = "metrics.jsonl"
+TB_BACKENDS = ("auto", "torch", "tensorboard", "none")
+log = logging.getLogger(__name__)
+_warned_no_tensorboard = False
+
+
+def _as_number(value: Any) -> int | float | None:
+    """A finite int/float from a Python, numpy or 0-d torch scalar; None if impossible."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    item = getattr(value, "item", None)  # numpy 0-d arrays, one-element torch tensors
+    if callable(item):
+        try:
+            inner = item()
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        if isinstance(inner, numbers.Real):
+            return _as_number(inner)
+    return None
+
+
+def _open_tensorboard(run_dir: Path, backend: str) -> tuple[Any, str | None]:
+    """(writer, backend name) for the first usable TensorBoard writer, or (None, None)."""
+    global _warned_no_tensorboard
+    if backend in ("auto", "torch"):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            if backend == "torch":
+                raise
+        else:
+            return SummaryWriter(log_dir=str(run_dir)), "torch"
+    if backend in ("auto", "tensorboard"):
+        try:
+            from tensorboard.summary import Writer
+        except ImportError:
+            if backend == "tensorboard":
+                raise
+        else:
+            return Writer(str(run_dir)), "tensorboard"
+    if backend == "auto" and not _warned_no_tensorboard:
+        _warned_no_tensorboard = True
+        log.warning(
+            "neither torch nor tensorboard is importable; TensorBoard events are "
+            "not written (metrics.jsonl still is)"
+        )
+    return None, None
+
+
+class MetricsLogger:
+    """Appends one flat record per step to ``run_dir/metrics.jsonl`` (+ TensorBoard).
+
+    ``tensorboard`` picks the writer: ``auto`` (torch, else tensorboard, else none),
+    ``torch`` or ``tensorboard`` (raise ImportError if missing) or ``none``.
+    Re-opening a run directory appends, so a resumed run continues the same file.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, tensorboard: str = "auto") -> None:
+        if tensorboard not in TB_BACKENDS:
+            raise ValueError(f"tensorboard must be one of {TB_BACKENDS}, got {tensorboard!r}")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / METRICS_FILENAME
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._tb, self.tb_backend = _open_tensorboard(self.run_dir, tensorboard)
+        self._skipped: Counter[str] = Counter()
+        self._closed = False
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, int | float]:
+        """Write ``metrics`` for ``step``; return the record written (``step`` first).
+
+        Keys with non-finite or non-numeric values are left out, with a warning.
+        """
+        if self._closed:
+            raise RuntimeError(f"MetricsLogger for {self.run_dir} is closed")
+        step = int(step)
+        record: dict[str, int | float] = {"step": step}
+        for key in sorted(metrics):
+            number = _as_number(metrics[key]) if key != "step" else None
+            if number is None:
+                self._skip(step, key, metrics[key])
+                continue
+            record[key] = number
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        self._write_tensorboard(step, record)
+        return record
+
+    def _skip(self, step: int, key: str, value: Any) -> None:
+        if not self._skipped[key]:
+            why = "reserved key" if key == "step" else f"value {value!r} is not a finite number"
+            log.warning("metric %r skipped at step %d: %s", key, step, why)
+        self._skipped[key] += 1
+
+    def _write_tensorboard(self, step: int, record: Mapping[str, int | float]) -> None:
+        if self._tb is None:
+            return
+        for key, value in record.items():
+            if key == "step":
+                continue
+            if self.tb_backend == "torch":
+                self._tb.add_scalar(key, value, global_step=step)
+            else:
+                self._tb.add_scalar(key, value, step=step)
+        self._tb.flush()
+
+    def close(self) -> None:
+        """Flush and close the file and the TensorBoard writer; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        for key, count in sorted(self._skipped.items()):
+            log.warning("metric %r was skipped %d time(s) in %s", key, count, self.path)
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Records of a ``metrics.jsonl`` file (or of a run directory holding one).
+
+    A malformed *last* line is what a crash mid-write leaves, so it is dropped with a
+    warning; a malformed line anywhere else means the file is corrupt, and raises.
+    """
+    target = Path(path)
+    if target.is_dir():
+        target = target / METRICS_FILENAME
+    lines = target.read_text(encoding="utf-8").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                log.warning("dropping truncated last line %d of %s", number, target)
+                break
+            raise ValueError(f"{target}:{number}: not a JSON object ({err})") from err
+    return records
