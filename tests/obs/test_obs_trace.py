@@ -55,8 +55,13 @@ def test_trace_structure(tmp_path):
     assert len(slices) == 7
     assert {e["tid"] for e in slices} == set(threads)  # every slice on a named track
     names = [e["name"] for e in slices if e["tid"] == tid_of(1)]
-    assert names == ["idle", "train step 4", "borrowed: C_in", "borrowed: rollout",
-                     "borrowed: C_out"]
+    assert names == [
+        "idle",
+        "train step 4",
+        "borrowed: C_in",
+        "borrowed: rollout",
+        "borrowed: C_out",
+    ]
     by_name = {e["name"]: e for e in slices}
     assert by_name["train step 4"]["ts"] == 250000.0
     assert by_name["train step 4"]["dur"] == 750000.0
@@ -82,11 +87,11 @@ def test_durations_sum_to_device_time(tmp_path, schedule):
 
 def test_slice_names():
     assert slice_name(Interval(0, "rollout", "rollout", BUSY, 0, 1)) == "rollout"
-    assert slice_name(Interval(0, "train", "train", BUSY, 0, 1, "train step 2")) == (
-        "train step 2")
+    assert slice_name(Interval(0, "train", "train", BUSY, 0, 1, "train step 2")) == ("train step 2")
     assert slice_name(Interval(0, "train", "train", IDLE, 0, 1, "no work")) == "idle"
     assert slice_name(Interval(0, "rollout", "aux_train", SWITCHING, 0, 1, "C_in", True)) == (
-        "borrowed: C_in")
+        "borrowed: C_in"
+    )
 
 
 def test_sha_is_deterministic_and_order_independent(tmp_path, schedule):
@@ -99,8 +104,19 @@ def test_sha_is_deterministic_and_order_independent(tmp_path, schedule):
     write_chrome_trace(intervals, tmp_path / "b.json")
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     # float noise below a nanosecond does not change the bytes; a real change does
-    nudged = [Interval(iv.device, iv.pool, iv.role, iv.activity, iv.start_s + 1e-13,
-                       iv.end_s, iv.label, iv.borrowed) for iv in intervals]
+    nudged = [
+        Interval(
+            iv.device,
+            iv.pool,
+            iv.role,
+            iv.activity,
+            iv.start_s + 1e-13,
+            iv.end_s,
+            iv.label,
+            iv.borrowed,
+        )
+        for iv in intervals
+    ]
     assert trace_sha256(nudged) == digest
     assert trace_sha256(intervals[1:]) != digest
 
@@ -112,8 +128,9 @@ def test_extra_events_and_device_names(tmp_path):
         counter_event("queue", 0.5, {"groups": 3}),
     ]
     path = tmp_path / "trace.json"
-    write_chrome_trace(_two_pool_run(), path, extra_events=extra,
-                       device_names={0: "gpu0 (vllm)", 7: "spare"})
+    write_chrome_trace(
+        _two_pool_run(), path, extra_events=extra, device_names={0: "gpu0 (vllm)", 7: "spare"}
+    )
     events = _load(path)["traceEvents"]
     threads = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert threads[tid_of(0)] == "gpu0 (vllm)"

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from bidirl.core.samples import GroupState, LifecycleError, PromptGroup
 from bidirl.core.staleness import check_trainable
 
 
-class Pool(str, Enum):
+class Pool(StrEnum):
     ROLLOUT = "rollout"
     TRAIN = "train"
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     """What a device hosts.  ``AUX_TRAIN`` is an auxiliary trainer on a rollout device."""
 
     ROLLOUT = "rollout"

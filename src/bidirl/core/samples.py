@@ -15,10 +15,10 @@ tokens already generated, so staleness still counts from the oldest token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class GroupState(str, Enum):
+class GroupState(StrEnum):
     QUEUED = "queued"
     GENERATING = "generating"
     PARTIAL = "partial"

@@ -9,10 +9,10 @@ live in the pure core and carry no rendering logic.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Activity(str, Enum):
+class Activity(StrEnum):
     """What a device spends a stretch of time on."""
 
     BUSY = "busy"  # doing the work of the role it hosts

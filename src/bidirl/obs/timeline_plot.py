@@ -113,7 +113,10 @@ def _pool_of_devices(intervals: Sequence[Interval]) -> dict[str, list[int]]:
 
 
 def _shown_devices(pools: dict[str, list[int]], max_devices: int) -> dict[str, list[int]]:
-    """First devices of each pool, sharing ``max_devices`` rows in proportion to pool size."""
+    """First devices of each pool, sharing ``max_devices`` rows in proportion to pool size.
+
+    Every pool keeps at least one row, so a small pool never vanishes from the picture.
+    """
     total = sum(len(d) for d in pools.values())
     if total <= max_devices:
         return pools

@@ -246,7 +246,7 @@ def chrome_trace_bytes(
             iv.end_s,
             iv.label,
             iv.role,
-            str(iv.activity),
+            getattr(iv.activity, "value", iv.activity),
             iv.pool,
             iv.borrowed,
         ),

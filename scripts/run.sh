@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up .venv (if needed) and run bidirl's main job on its embedded default.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
+exec .venv/bin/bidirl "${@:-train}"

@@ -1,0 +1,394 @@
+"""Torch GRPO trainer whose gradient computation is separable from the optimizer step.
+
+Why separable: in BiDiRL an *auxiliary* trainer on a borrowed rollout device computes the
+gradients of some micro-batches, and the *primary* trainer (the only owner of the optimizer and
+the version counter) merges them. So the unit of work is::
+
+    chunk = trainer.compute_chunk_grads(microbatches, total_tokens)   # anywhere
+    trainer.apply_grads([chunk_0, chunk_1, ...])                      # primary only
+
+and :meth:`TorchTrainer.train_step` is literally ``apply_grads([compute_chunk_grads(all)])``.
+
+Ordered, bitwise-reproducible merge: every micro-batch gradient ``g_i`` is computed from zero
+(``p.grad = None`` before its backward) and the step's gradient is the left fold
+``((g_0 + g_1) + g_2) + ...`` in micro-batch order. A chunk computed with
+``per_microbatch=True`` ships its ``g_i`` unsummed, so ``apply_grads`` performs exactly that
+fold whatever the partition into chunks and whichever device computed them: borrowing never
+changes the trained weights, bit for bit. ``per_microbatch=False`` ships one pre-summed array
+per chunk (less traffic, equal only up to float rounding when there are several chunks).
+
+Data parallel: each rank holds a different slice of the batch; every loss is normalised by the
+token count of the *global* batch (see :mod:`bidirl.algo.grpo`), so the all-reduce is a SUM,
+and DP=k reproduces DP=1 up to float rounding.
+
+Gradients and weights cross process boundaries as ``{name: np.ndarray}`` (flat fp32 for
+gradients): numpy moves through Ray's object store about 10x faster than torch tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bidirl.algo.grpo import grpo_loss, token_logprobs
+
+_ORIGINAL_SET_NUM_THREADS = torch._C.set_num_threads  # vLLM's CPU worker replaces torch.set_num_threads
+
+
+def set_torch_threads(n: int) -> None:
+    """Set intra-op threads even after vLLM has monkey-patched ``torch.set_num_threads``."""
+    _ORIGINAL_SET_NUM_THREADS(int(n))
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    lr: float = 1e-4
+    """AdamW learning rate (> 0)."""
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    """Global grad-norm clip after the DP all-reduce; None disables clipping."""
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to the reference; > 0 needs ``ref_logprobs`` in every sample."""
+    num_threads: int | None = 1
+    """torch intra-op threads set at construction; None leaves the process setting alone."""
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self):
+        checks = [
+            ("lr", self.lr > 0, "> 0"),
+            ("weight_decay", self.weight_decay >= 0, ">= 0"),
+            ("clip_eps_low", 0 <= self.clip_eps_low < 1, "in [0, 1)"),
+            ("clip_eps_high", self.clip_eps_high >= 0, ">= 0"),
+            ("kl_coef", self.kl_coef >= 0, ">= 0"),
+            ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "> 0 or None"),
+            ("num_threads", self.num_threads is None or self.num_threads >= 1, ">= 1 or None"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"TrainerConfig.{name}={getattr(self, name)!r}; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One response to train on; ``behaviour_logprobs`` come from the engine that sampled it."""
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    behaviour_logprobs: Sequence[float]
+    advantage: float
+    ref_logprobs: Sequence[float] | None = None
+
+    def __post_init__(self):
+        if len(self.behaviour_logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"behaviour_logprobs has {len(self.behaviour_logprobs)} entries for "
+                f"{len(self.response_ids)} response tokens; they must match"
+            )
+        if not self.prompt_ids:
+            raise ValueError("prompt_ids must not be empty (the first response token needs a context)")
+
+
+Microbatch = Sequence[TrainSample]
+
+
+def make_microbatches(samples: Sequence[TrainSample], micro_batch_size: int) -> list[list[TrainSample]]:
+    """Split samples, in order, into micro-batches of at most ``micro_batch_size``."""
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size={micro_batch_size}; allowed: >= 1")
+    return [list(samples[i : i + micro_batch_size]) for i in range(0, len(samples), micro_batch_size)]
+
+
+def count_tokens(microbatches: Iterable[Microbatch]) -> int:
+    """Response tokens in these micro-batches: the GRPO loss denominator."""
+    return sum(len(s.response_ids) for mb in microbatches for s in mb)
+
+
+@dataclass
+class GradChunk:
+    """Gradients of a run of consecutive micro-batches, ready to ship to the primary."""
+
+    grads: list[dict[str, np.ndarray]]
+    """Flat fp32 gradients: one dict per micro-batch (per_microbatch) or one pre-summed dict."""
+    num_tokens: int
+    """Response tokens covered by this chunk (information; the loss used the batch total)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Loss metrics in "token sum / batch tokens" form: chunk values add up to batch means."""
+    version: int = 0
+    """Weights version the gradients were computed with."""
+
+
+@dataclass
+class _Collated:
+    input_ids_B_L: torch.Tensor
+    attention_mask_B_L: torch.Tensor
+    targets_B_T: torch.Tensor
+    mask_B_T: torch.Tensor
+    old_logp_B_T: torch.Tensor
+    ref_logp_B_T: torch.Tensor | None
+    adv_B: torch.Tensor
+    spans: list[tuple[int, int]]
+    """(first target index, length) of each sample's response in the T axis."""
+
+
+def collate(samples: Microbatch, pad_id: int, device: str = "cpu") -> _Collated:
+    """Right-pad prompt+response sequences; targets are shifted by one (T = L - 1)."""
+    seqs = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
+    L = max(len(q) for q in seqs)
+    B = len(samples)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, L), dtype=torch.long)
+    mask = torch.zeros((B, L - 1), dtype=torch.float32)
+    old = torch.zeros((B, L - 1), dtype=torch.float32)
+    has_ref = all(s.ref_logprobs is not None for s in samples)
+    ref = torch.zeros((B, L - 1), dtype=torch.float32) if has_ref else None
+    spans = []
+    for b, (seq, s) in enumerate(zip(seqs, samples, strict=True)):
+        input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention[b, : len(seq)] = 1
+        start, n = len(s.prompt_ids) - 1, len(s.response_ids)
+        mask[b, start : start + n] = 1.0
+        old[b, start : start + n] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+        if ref is not None:
+            ref[b, start : start + n] = torch.tensor(s.ref_logprobs, dtype=torch.float32)
+        spans.append((start, n))
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return _Collated(
+        to(input_ids), to(attention), to(input_ids[:, 1:].contiguous()), to(mask), to(old), to(ref),
+        to(adv), spans,
+    )
+
+
+def init_process_group(
+    rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500,
+    backend: str | None = None,
+):
+    """Join a torch.distributed group for data-parallel training (gloo on CPU, NCCL on CUDA)."""
+    import torch.distributed as dist
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(
+        backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
+    )
+    return dist.group.WORLD
+
+
+class TorchTrainer:
+    """Holds an HF causal LM and its AdamW state; computes and applies GRPO gradients."""
+
+    def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None, process_group=None):
+        from transformers import AutoModelForCausalLM
+
+        self.config = config or TrainerConfig()
+        if self.config.num_threads is not None:
+            set_torch_threads(self.config.num_threads)
+        torch.manual_seed(self.config.seed)
+        self.model_dir = Path(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.model.to(self.config.device).train()
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.params = dict(self.model.named_parameters())
+        self.optimizer = torch.optim.AdamW(
+            list(self.params.values()), lr=self.config.lr, betas=self.config.betas,
+            eps=self.config.adam_eps, weight_decay=self.config.weight_decay, foreach=False,
+        )
+        self.process_group = process_group
+        self.version = 0
+        """Number of optimizer steps applied (the policy version these weights are)."""
+
+    # ------------------------------------------------------------------ forward passes
+    def _logp(self, batch: _Collated) -> torch.Tensor:
+        logits_B_L_V = self.model(
+            input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L, use_cache=False
+        ).logits
+        return token_logprobs(logits_B_L_V[:, :-1], batch.targets_B_T)
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: Sequence[TrainSample], micro_batch_size: int = 16) -> list[np.ndarray]:
+        """Teacher-forced log-probs of each sample's response tokens under the current weights."""
+        out = []
+        for mb in make_microbatches(samples, micro_batch_size):
+            batch = collate(mb, self.pad_id, self.config.device)
+            logp_B_T = self._logp(batch).cpu()
+            out += [logp_B_T[b, s : s + n].numpy().copy() for b, (s, n) in enumerate(batch.spans)]
+        return out
+
+    # ------------------------------------------------------------------ gradients
+    def _microbatch_grads(self, mb: Microbatch, total_tokens: int) -> tuple[dict[str, np.ndarray], dict]:
+        for p in self.params.values():
+            p.grad = None
+        batch = collate(mb, self.pad_id, self.config.device)
+        out = grpo_loss(
+            self._logp(batch), batch.old_logp_B_T, batch.adv_B, batch.mask_B_T, total_tokens,
+            self.config.clip_eps_low, self.config.clip_eps_high, batch.ref_logp_B_T, self.config.kl_coef,
+        )
+        out.loss.backward()
+        grads = {}
+        for name, p in self.params.items():
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            grads[name] = g.detach().to("cpu", torch.float32).reshape(-1).numpy().copy()
+            p.grad = None
+        metrics = {k: float(v) for k, v in out.metrics.items()}
+        metrics["loss"] = float(out.loss.detach())
+        return grads, metrics
+
+    def compute_chunk_grads(
+        self, microbatches: Sequence[Microbatch], total_tokens: int | None = None,
+        per_microbatch: bool = True,
+    ) -> GradChunk:
+        """Gradients of ``microbatches`` (in order) with every loss divided by ``total_tokens``.
+
+        ``total_tokens`` must be the response-token count of the whole step's batch (all chunks,
+        all DP ranks); None means "these micro-batches are the whole batch".
+        """
+        if not microbatches:
+            raise ValueError("compute_chunk_grads needs at least one micro-batch")
+        if total_tokens is None:
+            total_tokens = count_tokens(microbatches)
+        partials: list[dict[str, np.ndarray]] = []
+        metrics: dict[str, float] = {}
+        for mb in microbatches:
+            grads, mb_metrics = self._microbatch_grads(mb, total_tokens)
+            if per_microbatch or not partials:
+                partials.append(grads)
+            else:
+                for name, g in grads.items():
+                    partials[0][name] += g  # same left fold as apply_grads
+            for k, v in mb_metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+        return GradChunk(partials, count_tokens(microbatches), metrics, self.version)
+
+    def apply_grads(self, chunks: Sequence[GradChunk]) -> dict[str, float]:
+        """Sum chunk gradients in the given order, all-reduce over DP, clip, step AdamW.
+
+        Returns step metrics (loss parts summed over chunks and ranks, ``grad_norm`` before
+        clipping, the new ``version``).
+        """
+        partials = [g for chunk in chunks for g in chunk.grads]
+        if not partials:
+            raise ValueError("apply_grads needs at least one gradient chunk")
+        total = {name: g.copy() for name, g in partials[0].items()}
+        for grads in partials[1:]:
+            for name, g in grads.items():
+                total[name] += g
+        metrics: dict[str, float] = {}
+        for chunk in chunks:
+            for k, v in chunk.metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+        for name, p in self.params.items():
+            p.grad = torch.from_numpy(total[name]).view_as(p).to(p.device)
+        metrics = self._all_reduce(metrics)
+        if self.config.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.max_grad_norm, foreach=False)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params.values()]))
+        self.optimizer.step()
+        for p in self.params.values():
+            p.grad = None
+        self.version += 1
+        metrics.update(grad_norm=float(norm), version=self.version)
+        return metrics
+
+    def _all_reduce(self, metrics: dict[str, float]) -> dict[str, float]:
+        """SUM the gradients (already globally normalised) and metrics over the DP group."""
+        import torch.distributed as dist
+
+        if self.process_group is None or dist.get_world_size(self.process_group) == 1:
+            return metrics
+        params = list(self.params.values())
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        keys = sorted(metrics)
+        flat = torch.cat([flat, torch.tensor([metrics[k] for k in keys], dtype=flat.dtype)])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
+        offset = 0
+        for p in params:
+            p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        return {k: float(v) for k, v in zip(keys, flat[offset:].tolist(), strict=True)}
+
+    def global_token_count(self, microbatches: Sequence[Microbatch]) -> int:
+        """Response tokens of the whole step: the local count summed over the DP group."""
+        n = count_tokens(microbatches)
+        if self.process_group is None:
+            return n
+        import torch.distributed as dist
+
+        t = torch.tensor([n], dtype=torch.long)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
+        return int(t.item())
+
+    def train_step(self, microbatches: Sequence[Microbatch], total_tokens: int | None = None) -> dict[str, float]:
+        """One optimizer step over ``microbatches`` (this rank's share of the batch)."""
+        if total_tokens is None:
+            total_tokens = self.global_token_count(microbatches)
+        chunk = self.compute_chunk_grads(microbatches, total_tokens, per_microbatch=False)
+        return self.apply_grads([chunk])
+
+    # ------------------------------------------------------------------ weights and state
+    def get_weights_numpy(self) -> dict[str, np.ndarray]:
+        """Checkpoint-named fp32 copies of all parameters (safe to ship; not views)."""
+        return {name: p.detach().to("cpu").numpy().copy() for name, p in self.params.items()}
+
+    @torch.no_grad()
+    def set_weights_numpy(self, weights: dict[str, np.ndarray], version: int | None = None) -> None:
+        """Overwrite parameters (an auxiliary trainer adopting the primary's weights)."""
+        missing = set(self.params) - set(weights)
+        if missing:
+            raise KeyError(f"weights missing parameters: {sorted(missing)[:5]}")
+        for name, p in self.params.items():
+            p.copy_(torch.from_numpy(np.asarray(weights[name])).view_as(p))
+        if version is not None:
+            self.version = int(version)
+
+    def state_dict(self) -> dict:
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
+    def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
+        """Weights as safetensors (HF names), optimizer via torch.save, version as JSON."""
+        from safetensors.torch import save_file
+
+        ckpt_dir = Path(ckpt_dir)
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        weights = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        save_file(weights, str(ckpt_dir / "model.safetensors"))
+        torch.save(self.optimizer.state_dict(), ckpt_dir / "optimizer.pt")
+        (ckpt_dir / "trainer_state.json").write_text(json.dumps({"version": self.version}))
+        return ckpt_dir
+
+    def load_checkpoint(self, ckpt_dir: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        ckpt_dir = Path(ckpt_dir)
+        self.model.load_state_dict(load_file(str(ckpt_dir / "model.safetensors")))
+        self.optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
+        self.version = int(json.loads((ckpt_dir / "trainer_state.json").read_text())["version"])
+
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """A complete HF model directory (weights + config + tokenizer files) for engines."""
+        out_dir = Path(out_dir)
+        self.model.save_pretrained(out_dir, safe_serialization=True)
+        for f in self.model_dir.iterdir():
+            if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "special_tokens_map.json"):
+                shutil.copy2(f, out_dir / f.name)
+        return out_dir

@@ -1,0 +1,86 @@
+"""What the planner reads from a scenario, resolved once per plan.
+
+Profiles, length statistics, the contexts used for memory sizing, and the stage-time
+models (one per tensor-parallel degree, cached: a 256-device search asks for the same
+handful of degrees thousands of times).  The stage models are the uncalibrated priors
+(``prior_scale`` 1): they are the planner's belief about the hardware, the same physics
+the simulator runs on; a calibrated model could be passed in their place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bidirl.perf.profiles import HARDWARE, MODELS, HardwareProfile, ModelProfile, lookup
+from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel
+from bidirl.planner.lengths import LengthStats
+
+
+@dataclass
+class PlanContext:
+    hw: HardwareProfile
+    model: ModelProfile
+    lengths: LengthStats
+    devices: int
+    staleness: int
+    steps: int
+    prompts_per_step: int
+    group_size: int
+    micro_tokens: float
+    costs: object = None  # the scenario's Costs overrides (None fields keep priors)
+    _rollout: dict[int, RolloutStageModel] = field(default_factory=dict, repr=False)
+    _train: dict[int, TrainStageModel] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_scenario(cls, scenario, steps: int | None = None) -> PlanContext:
+        w = scenario.workload
+        return cls(
+            hw=lookup(HARDWARE, scenario.hardware, "hardware"),
+            model=lookup(MODELS, scenario.model, "model"),
+            lengths=LengthStats.from_workload(w),
+            devices=scenario.devices,
+            staleness=scenario.staleness,
+            steps=steps or scenario.steps,
+            prompts_per_step=w.prompts_per_step,
+            group_size=w.group_size,
+            micro_tokens=float(scenario.sim.micro_batch_tokens),
+            costs=scenario.costs,
+        )
+
+    @property
+    def responses_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Trained tokens (prompt + response) per optimizer step."""
+        return self.responses_per_step * self.lengths.sample_tokens
+
+    @property
+    def min_concurrency(self) -> int:
+        """A replica must hold at least one prompt group at once."""
+        return self.group_size
+
+    @property
+    def max_context(self) -> float:
+        return self.lengths.prompt_tokens + self.lengths.max_tokens
+
+    @property
+    def plan_context(self) -> float:
+        """KV tokens a running sequence holds on average (paged KV, continuous batching)."""
+        return self.lengths.running_context
+
+    def rollout_model(self, tp: int) -> RolloutStageModel:
+        if tp not in self._rollout:
+            self._rollout[tp] = RolloutStageModel(self.hw, self.model, tp)
+        return self._rollout[tp]
+
+    def train_model(self, tp: int) -> TrainStageModel:
+        if tp not in self._train:
+            self._train[tp] = TrainStageModel(self.hw, self.model, tp)
+        return self._train[tp]
+
+    def cost(self, name: str, prior: float) -> float:
+        """A scenario cost override (``costs.<name>``) or the prior."""
+        value = getattr(self.costs, name, None) if self.costs is not None else None
+        return prior if value is None else float(value)

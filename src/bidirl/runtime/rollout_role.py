@@ -1,0 +1,184 @@
+"""A rollout replica as a role a device worker hosts: vLLM driven step by step.
+
+Why step by step: the controller must be able to take a device back at any moment
+(reclaim), push new weights while responses are in flight (partial rollout), and learn
+the decode-step time as a function of running batch and context.  vLLM's in-process
+``LLMEngine`` gives exactly that: ``add_request``, ``step()`` (one continuous-batching
+iteration), ``abort_request``.  ``run(budget_s)`` steps until the budget is used or a
+group finishes, so the worker actor stays responsive between calls without threads.
+
+Every generated token is tagged with the policy version the engine held when the token
+was produced; a resumed response keeps its prefix's tokens, log-probs and versions, so
+staleness is counted from its oldest token wherever it finishes.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ResponseRequest:
+    """One response of one prompt group; ``prefix_*`` set when it resumes a partial."""
+
+    group_id: int
+    index: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    seed: int = 0
+    prefix_ids: list[int] = field(default_factory=list)
+    prefix_logprobs: list[float] = field(default_factory=list)
+    prefix_versions: list[int] = field(default_factory=list)
+
+    @property
+    def request_id(self) -> str:
+        return f"g{self.group_id}.r{self.index}.p{len(self.prefix_ids)}"
+
+
+@dataclass
+class ResponseResult:
+    group_id: int
+    index: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finished: bool
+    finish_reason: str | None
+    max_new_tokens: int
+    temperature: float
+    seed: int
+
+    def as_request(self) -> ResponseRequest:
+        """Resume this partial response from where it stopped."""
+        return ResponseRequest(self.group_id, self.index, self.prompt_ids,
+                               self.max_new_tokens, self.temperature, self.seed + 7919,
+                               list(self.token_ids), list(self.logprobs), list(self.versions))
+
+
+class RolloutRole:
+    """A vLLM engine in this process, with version-tagged, abortable, resumable requests."""
+
+    def __init__(self, model_dir: str, *, max_num_seqs: int = 128, max_model_len: int = 512,
+                 dtype: str = "float32", seed: int = 0, device: str = "cpu") -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.version = 0
+        self.model_dir = model_dir
+        self._llm = LLM(model=model_dir, dtype=dtype, distributed_executor_backend="uni",
+                        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                        enforce_eager=True, seed=seed, enable_prefix_caching=False)
+        self._engine = self._llm.llm_engine
+        self._live: dict[str, ResponseRequest] = {}
+        self._partial: dict[str, ResponseResult] = {}
+        self._context: dict[str, int] = {}
+
+    # -- requests ---------------------------------------------------------------------
+    def submit(self, requests: list[ResponseRequest]) -> None:
+        from vllm import SamplingParams
+
+        for r in requests:
+            remaining = r.max_new_tokens - len(r.prefix_ids)
+            if remaining <= 0:
+                raise ValueError(f"{r.request_id}: nothing left to generate")
+            sp = SamplingParams(max_tokens=remaining, temperature=r.temperature, logprobs=0,
+                                seed=r.seed)
+            self._engine.add_request(r.request_id,
+                                     {"prompt_token_ids": r.prompt_ids + r.prefix_ids}, sp)
+            self._live[r.request_id] = r
+            self._partial[r.request_id] = self._empty_result(r)
+            self._context[r.request_id] = len(r.prompt_ids) + len(r.prefix_ids)
+
+    @property
+    def running(self) -> int:
+        return len(self._live)
+
+    def run(self, budget_s: float, stop_on_finish: bool = True) -> dict:
+        """Step the engine for up to ``budget_s``; return finished responses and timings.
+
+        ``measurements`` holds ``(batch, context_tokens, seconds)`` per decode step, the
+        features of the decode-step model.
+        """
+        finished: list[ResponseResult] = []
+        measurements: list[tuple[int, int, float]] = []
+        t_end = time.perf_counter() + budget_s
+        while self._live and time.perf_counter() < t_end:
+            batch, ctx = len(self._live), sum(self._context.values())
+            t0 = time.perf_counter()
+            outputs = self._engine.step()
+            measurements.append((batch, ctx, time.perf_counter() - t0))
+            for out in outputs:
+                res = self._absorb(out)
+                if res is not None:
+                    finished.append(res)
+            if finished and stop_on_finish:
+                break
+        return {"finished": finished, "measurements": measurements, "running": self.running}
+
+    def abort_all(self) -> list[ResponseResult]:
+        """Abort every live request; return their partial prefixes (possibly empty)."""
+        ids = list(self._live)
+        if ids:
+            self._engine.abort_request(ids)
+        partials = [self._partial.pop(i) for i in ids]
+        for i in ids:
+            self._live.pop(i)
+            self._context.pop(i, None)
+        return partials
+
+    def update_weights(self, named_arrays: dict, version: int) -> float:
+        """Load new weights in place (requests in flight continue with them)."""
+        import torch
+
+        t0 = time.perf_counter()
+        tensors = ((k, torch.from_numpy(v)) for k, v in named_arrays.items())
+        self._llm.collective_rpc("reload_weights",
+                                 kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
+        self._llm.reset_prefix_cache()
+        self.version = version
+        return time.perf_counter() - t0
+
+    def release(self) -> None:
+        """Drop the engine and its memory (the role's C_out)."""
+        self.abort_all()
+        del self._engine
+        del self._llm
+        gc.collect()
+
+    # -- internals --------------------------------------------------------------------
+    def _empty_result(self, r: ResponseRequest) -> ResponseResult:
+        return ResponseResult(r.group_id, r.index, r.prompt_ids, list(r.prefix_ids),
+                              list(r.prefix_logprobs), list(r.prefix_versions), False, None,
+                              r.max_new_tokens, r.temperature, r.seed)
+
+    def _absorb(self, out) -> ResponseResult | None:
+        rid = out.request_id
+        req, res = self._live.get(rid), self._partial.get(rid)
+        if req is None:
+            return None
+        comp = out.outputs[0]
+        new_ids = list(comp.token_ids)
+        base = len(req.prefix_ids)
+        have = len(res.token_ids) - base
+        fresh = new_ids[have:]
+        if fresh:
+            lps = comp.logprobs or []
+            for j, tok in enumerate(fresh, start=have):
+                entry = lps[j] if j < len(lps) else None
+                res.token_ids.append(tok)
+                res.logprobs.append(float(entry[tok].logprob) if entry and tok in entry else 0.0)
+                res.versions.append(self.version)
+            self._context[rid] += len(fresh)
+        if out.finished:
+            res.finished = True
+            res.finish_reason = comp.finish_reason
+            self._live.pop(rid)
+            self._partial.pop(rid)
+            self._context.pop(rid, None)
+            return res
+        return None

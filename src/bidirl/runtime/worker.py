@@ -1,0 +1,84 @@
+"""One long-lived Ray actor per device, hosting role objects that come and go.
+
+A device worker never changes class or restarts to change what it does: it *hosts*
+roles (a rollout replica, a trainer shard, an auxiliary trainer), each an object that is
+loaded and released.  The role native to the device's pool stays resident while a
+borrowed role is hosted (here in host memory; on CUDA, vLLM sleep/wake and optimizer
+offload), so giving a device back costs only the borrowed role's release.
+
+Every role change is timed and returned to the driver, which feeds the switch-cost
+estimator: that is where the measured ``C_in`` and ``C_out`` come from.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+
+class DeviceWorker:
+    """The actor body; wrapped with ``ray.remote`` by :func:`worker_class`."""
+
+    def __init__(self, device: int, pool: str, threads: int = 1, seed: int = 0) -> None:
+        # Thread counts must be fixed before vLLM loads: it replaces them process-wide.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        import torch
+
+        torch.set_num_threads(threads)
+        self.device, self.pool, self.threads, self.seed = device, pool, threads, seed
+        self.roles: dict[str, Any] = {}
+
+    def ping(self) -> dict:
+        return {"device": self.device, "pool": self.pool, "pid": os.getpid(),
+                "roles": sorted(self.roles)}
+
+    # -- hosting ----------------------------------------------------------------------
+    def host(self, role: str, **kwargs) -> float:
+        """Bring ``role`` up on this device; returns the seconds it took (C_in)."""
+        if role in self.roles:
+            raise RuntimeError(f"device {self.device} already hosts {role}")
+        t0 = time.perf_counter()
+        if role == "rollout":
+            from bidirl.runtime.rollout_role import RolloutRole
+
+            weights, version = kwargs.pop("weights", None), kwargs.pop("version", 0)
+            r = RolloutRole(seed=self.seed, **kwargs)
+            if weights is not None:
+                r.update_weights(weights, version)
+            self.roles[role] = r
+        elif role in ("train", "aux_train"):
+            from bidirl.runtime.trainer_role import TrainerRole
+
+            self.roles[role] = TrainerRole(threads=self.threads, **kwargs)
+        else:
+            raise ValueError(f"unknown role {role!r}; allowed: rollout, train, aux_train")
+        return time.perf_counter() - t0
+
+    def release(self, role: str) -> tuple[float, Any]:
+        """Take ``role`` down; returns (seconds, what it handed back: rollout partials)."""
+        r = self.roles.pop(role, None)
+        if r is None:
+            raise RuntimeError(f"device {self.device} does not host {role}")
+        t0 = time.perf_counter()
+        handed_back = r.abort_all() if role == "rollout" else None
+        r.release()
+        return time.perf_counter() - t0, handed_back
+
+    def call(self, role: str, method: str, *args, **kwargs):
+        """Run ``method`` of a hosted role (the driver's one entry point into roles)."""
+        r = self.roles.get(role)
+        if r is None:
+            raise RuntimeError(f"device {self.device} does not host {role} (hosts {sorted(self.roles)})")
+        return getattr(r, method)(*args, **kwargs)
+
+
+def worker_class(num_cpus: float = 1, num_gpus: float = 0):
+    """The Ray actor class; one per device, one CPU core (or one GPU) each."""
+    import ray
+
+    env = {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
+                        "TOKENIZERS_PARALLELISM": "false"}}
+    return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=env,
+                      max_concurrency=1)(DeviceWorker)
