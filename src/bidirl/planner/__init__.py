@@ -1,0 +1,12 @@
+"""The static planner: resource envelopes, hot-switch compatibility, Algorithm 1's search.
+
+``planner.plan.plan(scenario)`` returns a ``PlanResult``; ``scenario_with_envelope``
+applies its envelope.  The entry points live in the ``plan`` module (not re-exported
+here, so that ``from bidirl.planner import plan`` names the module).  Pure: imports no
+torch, ray, vllm or simpy (the simulator's ``Pools`` is imported lazily, on conversion).
+"""
+
+from bidirl.planner.compat import Rejection, check_envelope
+from bidirl.planner.envelope import Envelope, scenario_with_envelope
+
+__all__ = ["Envelope", "Rejection", "check_envelope", "scenario_with_envelope"]

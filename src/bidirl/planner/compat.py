@@ -55,18 +55,23 @@ class Rejection:
                 "reason": self.reason}
 
 
-def groups_aligned(start: int, size: int, count: int, per_node: int) -> bool:
-    """Do ``count`` consecutive groups of ``size`` devices from ``start`` respect nodes?"""
+def first_misaligned(start: int, size: int, count: int, per_node: int) -> int | None:
+    """The first device of the first group that breaks node alignment, or None."""
     if count <= 0:
-        return True
+        return None
     if size % per_node == 0:
-        return start % per_node == 0
+        return None if start % per_node == 0 else start
     # Offsets modulo a node repeat every lcm(size, per_node) / size groups.
     for i in range(min(count, math.lcm(size, per_node) // size)):
         first = start + i * size
         if first // per_node != (first + size - 1) // per_node:
-            return False
-    return True
+            return first
+    return None
+
+
+def groups_aligned(start: int, size: int, count: int, per_node: int) -> bool:
+    """Do ``count`` consecutive groups of ``size`` devices from ``start`` respect nodes?"""
+    return first_misaligned(start, size, count, per_node) is None
 
 
 def _misaligned(what: str, start: int, size: int, per_node: int) -> str:
@@ -87,8 +92,9 @@ def _check_alignment(ctx: PlanContext, env: Envelope) -> Rejection | None:
     checks = (("rollout replica", 0, r, env.rollout_replicas),
               ("trainer tp group", env.rollout_devices, t, env.train_dp))
     for what, start, size, count in checks:
-        if not groups_aligned(start, size, count, n):
-            return Rejection(env, "node_alignment", _misaligned(what, start, size, n))
+        bad = first_misaligned(start, size, count, n)
+        if bad is not None:
+            return Rejection(env, "node_alignment", _misaligned(what, bad, size, n))
     return None
 
 
@@ -135,9 +141,9 @@ def check_envelope(ctx: PlanContext, env: Envelope) -> Envelope | Rejection:
                          f"roll_on_train: rollout_tp {r} does not divide train_devices "
                          f"{env.train_devices}: the training pool cannot host whole replicas")
     n = hw.devices_per_node
-    if not groups_aligned(env.rollout_devices, r, env.train_devices // r, n):
-        return Rejection(env, "node_alignment",
-                         _misaligned("borrowed rollout replica", env.rollout_devices, r, n))
+    bad = first_misaligned(env.rollout_devices, r, env.train_devices // r, n)
+    if bad is not None:
+        return Rejection(env, "node_alignment", _misaligned("borrowed rollout replica", bad, r, n))
     host = host_bytes(hw)
     parked = trainer_offload_bytes(train)
     if parked > host:

@@ -30,6 +30,7 @@ class PlanContext:
     costs: object = None  # the scenario's Costs overrides (None fields keep priors)
     _rollout: dict[int, RolloutStageModel] = field(default_factory=dict, repr=False)
     _train: dict[int, TrainStageModel] = field(default_factory=dict, repr=False)
+    _max: dict[int, float] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_scenario(cls, scenario, steps: int | None = None) -> PlanContext:
@@ -79,6 +80,12 @@ class PlanContext:
         if tp not in self._train:
             self._train[tp] = TrainStageModel(self.hw, self.model, tp)
         return self._train[tp]
+
+    def expected_max(self, n: int) -> float:
+        """``lengths.expected_max`` memoised: envelopes share a few replica counts."""
+        if n not in self._max:
+            self._max[n] = self.lengths.expected_max(n)
+        return self._max[n]
 
     def cost(self, name: str, prior: float) -> float:
         """A scenario cost override (``costs.<name>``) or the prior."""

@@ -1,35 +1,45 @@
 """Analytic throughput of an envelope under the staleness bound, with two-way borrowing.
 
-No simulation: a handful of closed forms over the stage-time models (docs/planner.md
-derives them).  Per optimizer step, with ``N_r`` primary replicas, ``dp`` trainer ranks::
+No simulation: closed forms over the stage-time models and one monotone fixed point per
+borrowing option (docs/planner.md derives them).  Notation per optimizer step: ``B``
+responses, lengths ``L``, ``N`` rollout replicas of capacity ``c`` sequences, decode step
+``d(b) = a + beta b`` at ``b`` running sequences (``beta`` = per-sequence FLOPs plus the
+KV read of the time-weighted running context), ``s`` the staleness bound.
 
-    T_r   rollout pool time   = (decode + prefill replica-seconds of one batch) / N_r
-          decode              = B E[L] d / c     c: replica concurrency from its KV budget,
-                                d: decode step at c sequences of the running mean context
-    T_t   training time       = max rank's micro-batches + grad all-reduce + AdamW
-    tau   long tail           = (E[max of B lengths] - E[L]) x d: the batch's last response
-                                outlives the fluid estimate of when the batch is done
-    W     weight sync         trainer -> rollout replicas, once per step
+Rollout (continuous batching; a batch's groups start together when admission allows)::
 
-Borrowing moves the idle side's capacity to the bottleneck, minus the switch costs::
+    b(T)     = min(c, B E[L] a / (N T - B E[L] beta))  mean running sequences per replica
+               (Little's law: B E[L] tokens per period at b / d(b) tokens/s per replica)
+    T_fluid  = B E[L] d(c) / (N c) + prefill / N        the pool's saturated period
+    Lambda   = E[max of B lengths] d(b) + prefill(group) a batch's latency: its longest
+                                                        response decodes among b others
+Training::
 
-    rollout-bound  T = (N_r T_r + N_b (T_t + C_in + C_out)) / (N_r + N_b)
-                   N_b = train devices / rollout_tp replicas hosted in the trainer's idle
-                   window T - T_t, less the switch in and out
-    train-bound    T = o + (X + n_a (T_r + C_in + C_grad)) / (dp + n_a)
-                   X rank-seconds of micro-batches, o = all-reduce + optimizer, n_a
-                   auxiliary ranks on the rollout pool's idle window
+    theta    = max rank's micro-batches + o,   o = all-reduce + AdamW
+    X        = rank-seconds of all micro-batches
 
-and is used only when it pays (``T`` below the no-borrow period), as the runtime's
-admission rule does.  The staleness bound ``s`` lets at most ``s + 1`` batches be in flight,
-so one batch's critical path (roll out, tail, sync, train) is shared by ``s + 1`` periods::
+The staleness bound admits batch ``k+s+1`` only when version ``k+1`` (trained, synced)
+exists, so ``s+1`` batches share one critical path::
 
-    T_step = max(T_balanced, (rho + tau + W + theta) / (s + 1))
+    T = max(T_fluid, theta, (Lambda(T) + W + theta) / (s + 1))
 
-A finite run of ``N`` steps also pays the pipeline fill (the first batch's rollout and
-training run alone), which the simulator's throughput includes::
+solved by bisection (the right side falls as ``T`` grows: more time per batch, fewer
+sequences in flight, faster decode steps).
 
-    wall(N) = rho_0 + tau + theta + (N - 1) T_step,   tokens/s = N x tokens per step / wall(N)
+Borrowing changes the capacities the formula sees, minus switch costs, and an option is
+taken only when it shortens ``T`` (the runtime admits a borrow only when it pays):
+
+* Rollouter-on-TrainPool: ``N_b`` replicas on the training pool serve during its idle
+  window ``T - theta`` less ``C_in + C_out``: ``N = N_r + N_b (T - theta - C) / T``;
+* Trainer-on-RollPool: a replica idles once its own share of the batch is done, until the
+  next admission: idle fraction ``1 - E[max of B/N lengths] d(b) / T``.  In that window
+  ``n_a`` auxiliary ranks take micro-batches (less ``C_in + C_grad``) beside ``dp``
+  primary ranks: ``theta = o + max((X + n_a C) / (dp + n_a), (X - n_a (idle - C)) / dp)``.
+
+A run of ``N`` steps also pays the pipeline fill (the first batch's latency and one
+training step run alone), which the simulator's throughput includes::
+
+    wall = Lambda + theta + (N - 1) T,    tokens/s = N x tokens per step / wall
 """
 
 from __future__ import annotations
@@ -42,107 +52,162 @@ from bidirl.perf.switch_costs import switch_priors
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope
 
+OPTIONS = ("none", "roll_on_train", "train_on_roll", "both")
+
 
 @dataclass(frozen=True)
 class Prediction:
     tokens_per_s: float  # over the context's ``steps`` (pipeline fill included)
-    step_time_s: float  # steady-state period with borrowing
+    step_time_s: float  # steady-state period with the chosen borrowing
     wall_s: float
     regime: str  # which bound sets the period: rollout, train or staleness
-    rollout_s: float  # T_r: one batch on the primary rollout pool alone
-    train_s: float  # T_t: one step on the primary trainer alone
-    tail_s: float
+    rollout_s: float  # saturated rollout period of the primary pool (T_fluid)
+    latency_s: float  # one batch's rollout latency at the steady state (Lambda)
+    train_s: float  # theta with the chosen borrowing
+    running_per_replica: float  # b at the steady state
     weight_sync_s: float
     no_borrow_step_s: float
-    borrowed: str  # "roll_on_train", "train_on_roll" or "none"
+    borrowed: str  # one of OPTIONS
 
     def to_json(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
-class _Stages:
-    """Per-step stage times of an envelope without borrowing."""
+class _Model:
+    """The envelope's stage constants, resolved once."""
 
-    rollout_replica_s: float  # replica-seconds of rollout work per batch
-    decode_step_s: float
-    train_compute_rank_s: float  # X: rank-seconds of micro-batches
-    train_max_rank_s: float  # the slowest rank's micro-batches (round-robin)
-    train_overhead_s: float  # all-reduce + optimizer
+    a: float  # decode step fixed part (weights read + overhead)
+    beta: float  # decode step per running sequence
+    cap: int  # sequences a replica holds
+    tokens: float  # B E[L]: decoded tokens per step
+    longest: float  # E[max of B lengths]
+    longest_replica: float  # E[max of B / N_r lengths]
+    prefill_step_s: float  # replica-seconds of prefill per batch
+    prefill_group_s: float
+    micro_rank_s: float  # X
+    max_rank_s: float  # the slowest primary rank's micro-batches
+    overhead_s: float  # o
+    weight_sync_s: float
+    c_roll: float  # roll_on_train C_in + C_out
+    c_train: float  # train_on_roll C_in + C_grad
 
 
 def _spans_nodes(start: int, size: int, per_node: int) -> bool:
     return size > 0 and start // per_node != (start + size - 1) // per_node
 
 
-def _stages(ctx: PlanContext, env: Envelope) -> _Stages:
+def _switch_costs(ctx: PlanContext, env: Envelope) -> tuple[float, float]:
+    pri = switch_priors(ctx.hw, ctx.model, env.rollout_tp, max(1, env.aux_group))
+    c_roll = (ctx.cost("roll_on_train_c_in_s", pri["roll_on_train.c_in"])
+              + ctx.cost("roll_on_train_c_out_s", pri["roll_on_train.c_out"]))
+    c_train = (ctx.cost("train_on_roll_c_in_s", pri["train_on_roll.c_in"])
+               + ctx.cost("train_on_roll_c_grad_s", pri["train_on_roll.c_grad"]))
+    return c_roll, c_train
+
+
+def _model(ctx: PlanContext, env: Envelope) -> _Model:
     L, hw = ctx.lengths, ctx.hw
     rm = ctx.rollout_model(env.rollout_tp)
-    c = max(1, env.rollout_concurrency)
-    d = rm.decode_step_s(c, c * L.running_context)
-    decode = ctx.responses_per_step * L.mean * d / c
-    prefill = ctx.prompts_per_step * rm.prefill_s(ctx.group_size * L.prompt_tokens)
+    a, cc, k = rm.decode.theta
+    prefill_group = rm.prefill_s(ctx.group_size * L.prompt_tokens)
     tm = ctx.train_model(env.train_tp)
     tokens = ctx.tokens_per_step
     full = int(tokens // ctx.micro_tokens)
     rest = tokens - full * ctx.micro_tokens
     t_full = tm.microbatch_s(ctx.micro_tokens, L.train_seq_len)
     t_rest = tm.microbatch_s(rest, L.train_seq_len) if rest > 0 else 0.0
-    micro = full + (rest > 0)
-    per_rank = math.ceil(micro / env.train_dp)
+    per_rank = math.ceil((full + (rest > 0)) / env.train_dp)
     max_rank = per_rank * t_full if full >= per_rank else full * t_full + t_rest
     spans = _spans_nodes(env.rollout_devices, env.train_devices, hw.devices_per_node)
-    overhead = tm.sync_s(env.train_dp, spans) + tm.optimizer_s()
-    return _Stages(decode + prefill, d, full * t_full + t_rest, max_rank, overhead)
+    w = ctx.cost("weight_sync_s", weight_sync_s(hw, ctx.model, ctx.devices > hw.devices_per_node))
+    per_replica = max(1, round(ctx.responses_per_step / env.rollout_replicas))
+    c_roll, c_train = _switch_costs(ctx, env)
+    return _Model(
+        a=a, beta=cc + k * L.running_context, cap=max(1, env.rollout_concurrency),
+        tokens=ctx.responses_per_step * L.mean,
+        longest=ctx.expected_max(ctx.responses_per_step),
+        longest_replica=ctx.expected_max(per_replica),
+        prefill_step_s=ctx.prompts_per_step * prefill_group, prefill_group_s=prefill_group,
+        micro_rank_s=full * t_full + t_rest, max_rank_s=max_rank,
+        overhead_s=tm.sync_s(env.train_dp, spans) + tm.optimizer_s(), weight_sync_s=w,
+        c_roll=c_roll, c_train=c_train)
 
 
-def _switch_costs(ctx: PlanContext, env: Envelope) -> dict[str, float]:
-    pri = switch_priors(ctx.hw, ctx.model, env.rollout_tp, max(1, env.aux_group))
-    names = {"roll_on_train.c_in": "roll_on_train_c_in_s",
-             "roll_on_train.c_out": "roll_on_train_c_out_s",
-             "train_on_roll.c_in": "train_on_roll_c_in_s",
-             "train_on_roll.c_out": "train_on_roll_c_out_s",
-             "train_on_roll.c_grad": "train_on_roll_c_grad_s"}
-    return {k: ctx.cost(v, pri[k]) for k, v in names.items()}
+def _running(m: _Model, period: float, replicas: float) -> float:
+    """Mean running sequences per replica at a steady period (Little's law), capped."""
+    spare = replicas * period - m.tokens * m.beta
+    if spare <= 0:
+        return float(m.cap)
+    return min(float(m.cap), m.tokens * m.a / spare)
+
+
+def _fluid(m: _Model, replicas: float) -> float:
+    return (m.tokens * (m.a + m.beta * m.cap) / m.cap + m.prefill_step_s) / replicas
+
+
+@dataclass(frozen=True)
+class _Steady:
+    period: float
+    latency: float
+    theta: float
+    running: float
+    fluid: float
+
+
+def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _Steady:
+    """The right-hand side of the period equation at a trial ``period``."""
+    n = float(env.rollout_replicas)
+    theta = m.max_rank_s + m.overhead_s
+    if option in ("roll_on_train", "both") and env.borrowable_replicas:
+        window = max(0.0, period - theta - m.c_roll)
+        n += env.borrowable_replicas * window / period
+    b = _running(m, period, n)
+    step = m.a + m.beta * b
+    if option in ("train_on_roll", "both") and env.aux_trainer_ranks:
+        dp, n_a = env.train_dp, env.aux_trainer_ranks
+        idle = max(0.0, period - m.longest_replica * step)
+        shared = (m.micro_rank_s + n_a * m.c_train) / (dp + n_a)
+        limited = (m.micro_rank_s - n_a * max(0.0, idle - m.c_train)) / dp
+        theta = min(theta, m.overhead_s + max(shared, limited))
+    latency = m.longest * step + m.prefill_group_s
+    fluid = _fluid(m, n)
+    rhs = max(fluid, theta, (latency + m.weight_sync_s + theta) / (s + 1))
+    return _Steady(rhs, latency, theta, b, fluid)
+
+
+def _solve(m: _Model, env: Envelope, s: int, option: str) -> _Steady:
+    """Bisection on ``T = f(T)``; ``f`` does not increase with ``T``."""
+    lo = 1e-6
+    hi = _evaluate(m, env, s, option, 1e-6).period  # f(lo) >= fixed point
+    hi = max(hi, _evaluate(m, env, s, "none", 1e9).period)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if _evaluate(m, env, s, option, mid).period > mid:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-4 * hi:
+            break
+    return _evaluate(m, env, s, option, hi)
 
 
 def predict(ctx: PlanContext, env: Envelope) -> Prediction:
     """Predicted throughput of a hot-switch-compatible (sized) envelope."""
-    st = _stages(ctx, env)
-    sw = _switch_costs(ctx, env)
-    n_r, n_b = env.rollout_replicas, env.borrowable_replicas
-    dp, n_a = env.train_dp, env.aux_trainer_ranks
-    t_roll = st.rollout_replica_s / n_r
-    t_train = st.train_max_rank_s + st.train_overhead_s
-    w = ctx.cost("weight_sync_s", weight_sync_s(ctx.hw, ctx.model, ctx.devices
-                                                > ctx.hw.devices_per_node))
-    tail = max(0.0, ctx.lengths.expected_max(ctx.responses_per_step) - ctx.lengths.mean) \
-        * st.decode_step_s
+    m = _model(ctx, env)
     s = ctx.staleness
-
-    # Borrowing, each direction when it pays.
-    c_rt = sw["roll_on_train.c_in"] + sw["roll_on_train.c_out"]
-    roll_bal = (n_r * t_roll + n_b * (t_train + c_rt)) / (n_r + n_b) if n_b else t_roll
-    c_tr = sw["train_on_roll.c_in"] + sw["train_on_roll.c_grad"]
-    train_bal = (st.train_overhead_s + (st.train_compute_rank_s + n_a * (t_roll + c_tr))
-                 / (dp + n_a)) if n_a else t_train
-    # Critical path of one batch when both pools lend in their idle phase.
-    rho = min(t_roll, (n_r * t_roll + n_b * c_rt) / (n_r + n_b)) if n_b else t_roll
-    theta = min(t_train, st.train_overhead_s + (st.train_compute_rank_s + n_a * c_tr)
-                / (dp + n_a)) if n_a else t_train
-
-    no_borrow = max(t_roll, t_train, (t_roll + tail + w + t_train) / (s + 1))
-    if t_roll >= t_train:
-        balanced, borrowed = min(t_roll, max(roll_bal, t_train)), "roll_on_train"
-    else:
-        balanced, borrowed = min(t_train, max(train_bal, t_roll)), "train_on_roll"
-    gate = (rho + tail + w + theta) / (s + 1)
-    period = max(balanced, gate)
-    if period >= no_borrow - 1e-12:
-        period, borrowed = no_borrow, "none"
-    regime = "staleness" if gate >= balanced else ("rollout" if t_roll >= t_train else "train")
-    wall = rho + tail + theta + (ctx.steps - 1) * period
+    results = {opt: _solve(m, env, s, opt) for opt in OPTIONS}
+    base = results["none"]
+    option = min(OPTIONS, key=lambda o: (results[o].period, OPTIONS.index(o)))
+    st = results[option]
+    if st.period >= base.period * (1 - 1e-9):
+        option, st = "none", base
+    gate = (st.latency + m.weight_sync_s + st.theta) / (s + 1)
+    regime = ("staleness" if gate >= max(st.fluid, st.theta) * (1 - 1e-9)
+              else "rollout" if st.fluid >= st.theta else "train")
+    wall = st.latency + st.theta + (ctx.steps - 1) * st.period
     return Prediction(
-        tokens_per_s=ctx.steps * ctx.tokens_per_step / wall,
-        step_time_s=period, wall_s=wall, regime=regime, rollout_s=t_roll, train_s=t_train,
-        tail_s=tail, weight_sync_s=w, no_borrow_step_s=no_borrow, borrowed=borrowed)
+        tokens_per_s=ctx.steps * ctx.tokens_per_step / wall, step_time_s=st.period,
+        wall_s=wall, regime=regime, rollout_s=base.fluid, latency_s=st.latency,
+        train_s=st.theta, running_per_replica=st.running, weight_sync_s=m.weight_sync_s,
+        no_borrow_step_s=base.period, borrowed=option)

@@ -124,6 +124,8 @@ def _coerce(raw: Any, f: dataclasses.Field, full: str) -> Any:
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     t = str(f.type)
     if raw is None or (isinstance(raw, str) and raw.lower() in ("null", "none")):
+        if isinstance(default, list):
+            return []
         if "None" in t:
             return None
         raise ConfigError(f"{full}: must be set (got null)")

@@ -1,0 +1,186 @@
+"""The static planner (the paper's Algorithm 1): enumerate, keep compatible, predict, pick.
+
+::
+
+    for R in 1..g-1:                         rollout / training split
+      for rollout_tp | R, train_tp | g-R:    layouts (powers of two <= a node, | heads)
+        envelope = (R, g-R, rollout_tp, dp=(g-R)/train_tp, train_tp)
+        check_envelope -> sized envelope | Rejection(reason)     (planner.compat)
+        predict        -> tokens/s over the run's steps          (planner.predict)
+    return the best, the top K, and every rejection with its reason
+
+Every candidate costs a few microseconds (closed forms, cached stage models), so 256
+devices (a few thousand envelopes) plan in well under a second on one core.  A model that
+fits no envelope raises ``PlanError`` naming the model, the memory it needs and what the
+devices have.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from bidirl.perf.profiles import GIB
+from bidirl.planner.compat import Rejection, check_envelope
+from bidirl.planner.context import PlanContext
+from bidirl.planner.envelope import Envelope, envelope_of, scenario_with_envelope
+from bidirl.planner.memory import usable_bytes
+from bidirl.planner.predict import Prediction, predict
+
+__all__ = ["PlanError", "PlanResult", "Candidate", "plan", "evaluate",
+           "candidate_envelopes", "scenario_with_envelope"]
+
+
+class PlanError(ValueError):
+    """No hot-switch-compatible envelope exists for the scenario."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    envelope: Envelope
+    prediction: Prediction
+
+    def to_json(self) -> dict[str, Any]:
+        return {"envelope": self.envelope.to_json(),
+                "predicted_tokens_per_s": round(self.prediction.tokens_per_s, 2),
+                "predicted_step_time_s": round(self.prediction.step_time_s, 4),
+                "prediction": self.prediction.to_json()}
+
+
+@dataclass
+class PlanResult:
+    scenario: str
+    envelope: Envelope
+    prediction: Prediction
+    alternatives: list[Candidate]  # the top K, best first (the pick included)
+    rejected: list[Rejection]
+    evaluated: int
+    compatible: int
+    candidates: list[Candidate] = field(default_factory=list, repr=False)  # all, best first
+
+    @property
+    def predicted_tokens_per_s(self) -> float:
+        return self.prediction.tokens_per_s
+
+    @property
+    def predicted_step_time_s(self) -> float:
+        return self.prediction.step_time_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "envelope": self.envelope.to_json(),
+            "predicted_tokens_per_s": round(self.predicted_tokens_per_s, 2),
+            "predicted_step_time_s": round(self.predicted_step_time_s, 4),
+            "prediction": self.prediction.to_json(),
+            "alternatives": [c.to_json() for c in self.alternatives],
+            "evaluated": self.evaluated,
+            "compatible": self.compatible,
+            "rejected_by_constraint": dict(Counter(r.constraint for r in self.rejected)),
+            "rejected": [r.to_json() for r in self.rejected],
+        }
+
+    def format(self) -> str:
+        p = self.prediction
+        lines = [f"plan for {self.scenario}: {self.envelope.label()}",
+                 f"  predicted {p.tokens_per_s:,.0f} tokens/s, step {p.step_time_s:.2f} s "
+                 f"({p.regime}-bound; batch latency {p.latency_s:.2f} s, saturated rollout "
+                 f"{p.rollout_s:.2f} s, train {p.train_s:.2f} s, borrow {p.borrowed})",
+                 f"  {self.compatible} compatible of {self.evaluated} envelopes; top "
+                 f"{len(self.alternatives)}:"]
+        for c in self.alternatives:
+            lines.append(f"    {c.prediction.tokens_per_s:>10,.0f} tok/s  "
+                         f"{c.prediction.step_time_s:7.2f} s  {c.envelope.label()}")
+        by = Counter(r.constraint for r in self.rejected)
+        if by:
+            lines.append("  rejected: " + ", ".join(f"{k} {v}" for k, v in by.most_common()))
+            for r in self.rejected[:3]:
+                lines.append(f"    {r.envelope.label()}: {r.reason}")
+        return "\n".join(lines)
+
+
+def _degrees(ctx: PlanContext) -> list[int]:
+    """Tensor-parallel degrees: powers of two that divide the attention heads, within a node.
+
+    Tensor parallelism across nodes is left out: its per-layer all-reduces would ride the
+    inter-node network, which the decode and training priors do not model (and which
+    no deployed system chooses over data parallelism).
+    """
+    out, d = [], 1
+    while d <= min(ctx.devices, ctx.hw.devices_per_node):
+        if ctx.model.heads % d == 0:
+            out.append(d)
+        d *= 2
+    return out
+
+
+def candidate_envelopes(ctx: PlanContext) -> list[Envelope]:
+    """Every split and layout whose degrees divide their pools (not yet checked)."""
+    degrees, out = _degrees(ctx), []
+    g = ctx.devices
+    for rollout in range(1, g):
+        train = g - rollout
+        for r in degrees:
+            if rollout % r:
+                continue
+            for t in degrees:
+                if train % t == 0:
+                    out.append(Envelope(rollout, train, r, train // t, t))
+    return out
+
+
+def evaluate(ctx: PlanContext, env: Envelope) -> Candidate | Rejection:
+    """Check one envelope and, if it is compatible, predict it."""
+    sized = check_envelope(ctx, env)
+    if isinstance(sized, Rejection):
+        return sized
+    return Candidate(sized, predict(ctx, sized))
+
+
+def _no_fit_error(ctx: PlanContext, scenario, rejected: list[Rejection]) -> PlanError:
+    mem = [r for r in rejected if r.needed_bytes > 0]
+    by = ", ".join(f"{k} {v}" for k, v in Counter(r.constraint for r in rejected).most_common())
+    m, hw = ctx.model, ctx.hw
+    head = (f"no hot-switch-compatible envelope for {m.name} on {ctx.devices} x {hw.name} "
+            f"(scenario {scenario.name!r})")
+    if mem:
+        best = min(mem, key=lambda r: r.needed_bytes / max(r.available_bytes, 1.0))
+        return PlanError(
+            f"{head}: model too large: {m.name} ({m.params / 1e9:.1f}B params, weights "
+            f"{m.weights_bytes / GIB:.1f} GiB, training state {18 * m.params / GIB:.1f} GiB) "
+            f"needs at least {best.needed_bytes / GIB:.2f} GiB per device in the most "
+            f"favourable envelope ({best.envelope.label()}) but {best.available_bytes / GIB:.2f}"
+            f" GiB is available ({usable_bytes(hw) / GIB:.2f} GiB usable of {hw.memory_gib} GiB"
+            f"); closest: {best.reason}; rejected: {by}")
+    first = rejected[0].reason if rejected else "no envelope to evaluate"
+    return PlanError(f"{head}: rejected: {by}; e.g. {first}")
+
+
+def plan(scenario, top_k: int = 5, steps: int | None = None) -> PlanResult:
+    """Choose the envelope with the best predicted throughput for ``scenario``.
+
+    ``steps`` is the horizon the throughput is predicted over (default: the scenario's
+    ``steps``), because a short run pays the pipeline fill that a long one amortises.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    ctx = PlanContext.from_scenario(scenario, steps)
+    cands: list[Candidate] = []
+    rejected: list[Rejection] = []
+    envs = candidate_envelopes(ctx)
+    for env in envs:
+        res = evaluate(ctx, env)
+        (rejected if isinstance(res, Rejection) else cands).append(res)
+    if not cands:
+        raise _no_fit_error(ctx, scenario, rejected)
+    cands.sort(key=lambda c: (-c.prediction.tokens_per_s, c.envelope.key()))
+    best = cands[0]
+    return PlanResult(scenario.name, best.envelope, best.prediction, cands[:top_k], rejected,
+                      len(envs), len(cands), cands)
+
+
+def predict_scenario(scenario, steps: int | None = None) -> Candidate | Rejection:
+    """Check and predict the envelope a scenario's own pools describe."""
+    ctx = PlanContext.from_scenario(scenario, steps)
+    return evaluate(ctx, envelope_of(scenario))

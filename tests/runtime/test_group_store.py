@@ -1,0 +1,57 @@
+"""The group store hands out, resumes and retires responses without losing or duplicating any."""
+
+import pytest
+
+pytest.importorskip("vllm")  # rollout_role imports nothing heavy at module level, but keep tiers clear
+
+from bidirl.runtime.group_store import GroupStore  # noqa: E402
+from bidirl.runtime.rollout_role import ResponseResult  # noqa: E402
+
+
+def _result(req, tokens, finished, version):
+    return ResponseResult(req.group_id, req.index, req.prompt_ids,
+                          list(req.prefix_ids) + tokens,
+                          list(req.prefix_logprobs) + [-0.5] * len(tokens),
+                          list(req.prefix_versions) + [version] * len(tokens),
+                          finished, "stop" if finished else None, req.max_new_tokens,
+                          req.temperature, req.seed)
+
+
+def test_partial_resume_keeps_prefix_and_versions():
+    store = GroupStore(n=2, max_new_tokens=8, temperature=1.0, seed=0)
+    store.add(7, "e0p0", [1, 2, 3], "add", "5")
+    reqs = store.requests_for(7)
+    assert [r.index for r in reqs] == [0, 1]
+    done = store.absorb_finished([_result(reqs[0], [4, 5], True, version=3)])
+    assert done == []
+    store.absorb_partials([_result(reqs[1], [6], False, version=3)])
+    resumed = store.requests_for(7)
+    assert len(resumed) == 1 and resumed[0].prefix_ids == [6] and resumed[0].prefix_versions == [3]
+    assert resumed[0].seed != reqs[1].seed  # a fresh random stream for the continuation
+    done = store.absorb_finished([_result(resumed[0], [9], True, version=4)])
+    assert done == [7]
+    assert store.groups[7].done[1].token_ids == [6, 9]
+    assert store.versions(7) == (3, 4, 4)
+    rewards = store.score(7, lambda ds, s, gt, ei: float(len(s)), decode=lambda ids: "x" * len(ids))
+    assert rewards == [2.0, 2.0]
+
+
+def test_double_finish_is_an_error():
+    store = GroupStore(n=1, max_new_tokens=4, temperature=1.0, seed=0)
+    store.add(0, "u", [1], "add", "1")
+    (req,) = store.requests_for(0)
+    store.absorb_finished([_result(req, [2], True, 0)])
+    with pytest.raises(RuntimeError, match="finished twice"):
+        store.absorb_finished([_result(req, [2], True, 0)])
+
+
+def test_state_round_trip_keeps_in_flight_partials():
+    store = GroupStore(n=2, max_new_tokens=8, temperature=1.0, seed=1)
+    store.add(0, "u0", [1, 2], "add", "3")
+    reqs = store.requests_for(0)
+    store.absorb_finished([_result(reqs[0], [5], True, 0)])
+    store.absorb_partials([_result(reqs[1], [6, 7], False, 0)])
+    other = GroupStore(n=2, max_new_tokens=8, temperature=1.0, seed=1)
+    other.load_state_dict(store.state_dict())
+    assert other.groups[0].done[0].token_ids == [5]
+    assert other.requests_for(0)[0].prefix_ids == [6, 7]

@@ -1,0 +1,49 @@
+"""Config loading: defaults, YAML, overrides, and errors that name the field."""
+
+import pytest
+
+from bidirl.runtime.config import ConfigError, load_config
+
+
+def test_defaults_are_valid():
+    c = load_config()
+    assert c.cluster.rollout_devices + c.cluster.train_devices == 2
+    assert c.scheduler.policy in ("async", "bidirl")
+
+
+def test_yaml_then_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("trainer:\n  lr: 0.001\nscheduler: {policy: sync}\nrun: {steps: 3}\n")
+    c = load_config(str(p), ["run.steps=5", "data.files=", "rollout.temperature=0.7"])
+    assert c.trainer.lr == 0.001 and c.scheduler.policy == "sync"
+    assert c.run.steps == 5 and c.rollout.temperature == 0.7
+
+
+@pytest.mark.parametrize("override, field", [
+    ("trainer.lrr=1", "trainer.lrr"),
+    ("scheduler.policy=fastest", "scheduler.policy"),
+    ("rollout.group_size=1", "rollout.group_size"),
+    ("rollout.group_size=two", "rollout.group_size"),
+    ("trainer.lr=-1", "trainer.lr"),
+    ("run=3", "run"),
+    ("model.path=/nonexistent/model", "model.path"),
+    ("data.files=/nonexistent.parquet", "data.files[0]"),
+    ("nokey", "nokey"),
+])
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value).startswith(field) or f"{field}" in str(e.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+    top = tmp_path / "list.yaml"
+    top.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(str(top))
