@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
+from bidirl.perf.stage_models import KV_MEMORY_FRACTION
 from bidirl.planner.compat import Rejection, check_envelope, groups_aligned
 from bidirl.planner.envelope import Envelope
 from bidirl.planner.memory import (
@@ -12,7 +11,6 @@ from bidirl.planner.memory import (
     rollout_need,
     trainer_need,
 )
-from bidirl.perf.stage_models import KV_MEMORY_FRACTION
 
 
 def _rollout_min_gib(ctx, tp: int, gib: float) -> float:
@@ -102,17 +100,20 @@ def test_rollout_replica_spanning_nodes_is_rejected(h100_ctx, with_memory):
     assert isinstance(check_envelope(ctx, Envelope(6, 6, 2, 6, 1)), Envelope)
 
 
-def test_aux_trainer_group_grows_until_it_fits(h100_ctx, gib, with_memory):
+def test_aux_trainer_needs_a_wide_enough_replica(h100_ctx, gib, with_memory):
     m, hw = h100_ctx.model, h100_ctx.hw
     one = aux_trainer_need(hw, m, 1, 1, h100_ctx.micro_tokens)
-    two = aux_trainer_need(hw, m, 2, 1, h100_ctx.micro_tokens)
+    two = aux_trainer_need(hw, m, 2, 2, h100_ctx.micro_tokens)
     assert two.total < one.total
-    # Memory between the two: one device cannot host an auxiliary trainer, two can.
+    # Memory between the two: a tp-1 replica cannot host an auxiliary trainer, tp-2 can.
     mem = (one.total + two.total) / 2 / KV_MEMORY_FRACTION / gib
     ctx = with_memory(h100_ctx, max(mem, _rollout_min_gib(h100_ctx, 1, gib) * 1.01))
-    sized = check_envelope(ctx, Envelope(4, 12, 1, 12, 1))
-    assert isinstance(sized, Envelope), sized
-    assert sized.aux_group == 2 and sized.aux_trainer_ranks == 4
+    narrow = check_envelope(ctx, Envelope(4, 12, 1, 12, 1))
+    assert isinstance(narrow, Rejection) and narrow.constraint == "train_on_roll"
+    assert "auxiliary trainer (1 devices, tp=1)" in narrow.reason
+    wide = check_envelope(ctx, Envelope(4, 12, 2, 12, 1))
+    assert isinstance(wide, Envelope), wide
+    assert wide.aux_group == 2 and wide.aux_trainer_ranks == 2
 
 
 def test_aux_trainer_that_fits_nowhere_is_rejected_with_numbers(h100_ctx, gib, with_memory):

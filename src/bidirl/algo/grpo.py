@@ -46,14 +46,18 @@ def group_advantages(
     """Group-normalised advantages ``A[p, g]`` from rewards ``r[p, g]`` (see module doc)."""
     if rewards_P_G.dim() != 2:
         raise ValueError(f"rewards_P_G must be 2-D (prompts x group), got shape {tuple(rewards_P_G.shape)}")
-    rewards_P_G = rewards_P_G.to(torch.float32)
-    centred_P_G = rewards_P_G - rewards_P_G.mean(dim=1, keepdim=True)
+    # float64 so the mean of equal rewards is exactly that reward: a group with no signal must
+    # get advantage 0, not rounding noise divided by (0 + eps).
+    rewards_P_G = rewards_P_G.to(torch.float64)
     if rewards_P_G.shape[1] < 2:
-        return torch.zeros_like(rewards_P_G)
+        return torch.zeros_like(rewards_P_G, dtype=torch.float32)
+    centred_P_G = rewards_P_G - rewards_P_G.mean(dim=1, keepdim=True)
+    flat_P_1 = (rewards_P_G.amax(dim=1, keepdim=True) == rewards_P_G.amin(dim=1, keepdim=True))
+    centred_P_G = centred_P_G.masked_fill(flat_P_1, 0.0)
     if not scale_by_std:
-        return centred_P_G
+        return centred_P_G.to(torch.float32)
     std_P_1 = rewards_P_G.std(dim=1, keepdim=True, correction=1)
-    return centred_P_G / (std_P_1 + eps)
+    return (centred_P_G / (std_P_1 + eps).masked_fill(flat_P_1, 1.0)).to(torch.float32)
 
 
 def group_advantages_lists(
@@ -107,7 +111,9 @@ def grpo_loss(
         raise ValueError("kl_coef > 0 needs ref_logp_B_T")
     mask_B_T = mask_B_T.to(logp_B_T.dtype)
     adv_B_1 = adv_B.to(logp_B_T.dtype).unsqueeze(-1)
-    log_ratio_B_T = (logp_B_T - old_logp_B_T) * mask_B_T  # masked first: no inf*0 on padding
+    on_B_T = mask_B_T > 0
+    # where, not multiply: padding may hold -inf log-probs and -inf * 0 is NaN
+    log_ratio_B_T = torch.where(on_B_T, logp_B_T - old_logp_B_T, 0.0)
     ratio_B_T = torch.exp(log_ratio_B_T)
     unclipped_B_T = ratio_B_T * adv_B_1
     clipped_B_T = torch.clamp(ratio_B_T, 1.0 - clip_eps_low, 1.0 + clip_eps_high) * adv_B_1
@@ -115,12 +121,12 @@ def grpo_loss(
     loss_B_T = pg_B_T
     metrics: dict[str, torch.Tensor] = {}
     if ref_logp_B_T is not None:
-        delta_B_T = (ref_logp_B_T - logp_B_T) * mask_B_T
+        delta_B_T = torch.where(on_B_T, ref_logp_B_T - logp_B_T, 0.0)
         k3_B_T = torch.exp(delta_B_T) - delta_B_T - 1.0
         if kl_coef:
             loss_B_T = loss_B_T + kl_coef * k3_B_T
         metrics["kl_ref"] = (k3_B_T * mask_B_T).sum().detach() / total_tokens
-    loss = (loss_B_T * mask_B_T).sum() / total_tokens
+    loss = torch.where(on_B_T, loss_B_T * mask_B_T, 0.0).sum() / total_tokens
     with torch.no_grad():
         was_clipped_B_T = (clipped_B_T < unclipped_B_T).to(mask_B_T.dtype)
         metrics["pg_loss"] = (pg_B_T * mask_B_T).sum() / total_tokens

@@ -27,6 +27,7 @@ gradients): numpy moves through Ray's object store about 10x faster than torch t
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from collections.abc import Iterable, Sequence
@@ -279,6 +280,9 @@ class TorchTrainer:
         partials = [g for chunk in chunks for g in chunk.grads]
         if not partials:
             raise ValueError("apply_grads needs at least one gradient chunk")
+        stale = sorted({c.version for c in chunks} - {self.version})
+        if stale:  # gradients of other weights would silently corrupt the update
+            raise ValueError(f"chunks computed at version(s) {stale}; trainer is at version {self.version}")
         total = {name: g.copy() for name, g in partials[0].items()}
         for grads in partials[1:]:
             for name, g in grads.items():
@@ -353,9 +357,10 @@ class TorchTrainer:
             self.version = int(version)
 
     def state_dict(self) -> dict:
+        """A snapshot (copies, not views: later steps must not change it)."""
         return {
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "version": self.version,
         }
 

@@ -9,8 +9,8 @@ Two engines, one per interface of :mod:`bidirl.engines.base`:
 
 Weight updates go through a vLLM *worker extension* (:class:`WeightUpdateExtension`), because
 the weights must reach the worker that owns the model, which for ``AsyncLLM`` is another
-process: ``collective_rpc`` ships ``(names, numpy arrays)`` (vLLM's msgpack encoder carries
-ndarrays natively) and the worker calls ``reload_weights(..., is_checkpoint_format=True)``;
+process: ``collective_rpc`` ships one safetensors blob (numpy arrays inside RPC args arrive
+as raw lists) and the worker calls ``reload_weights(..., is_checkpoint_format=True)``;
 the prefix cache is reset afterwards because cached KV belongs to the old weights.
 
 Exact versions with in-flight updates: :meth:`AsyncVLLMEngine.update_weights` aborts the
@@ -31,6 +31,7 @@ or use :func:`~bidirl.engines.trainer_torch.set_torch_threads`.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -53,12 +54,13 @@ _EXTENSION = "bidirl.engines.vllm_engine.WeightUpdateExtension"
 class WeightUpdateExtension:
     """Mixed into vLLM's worker class via ``worker_extension_cls`` (runs where the model is)."""
 
-    def bidirl_load_weights(self, names: list[str], arrays: list[np.ndarray]) -> int:
-        import torch
+    def bidirl_load_weights(self, blob: bytes) -> int:
+        """Load safetensors-serialised, checkpoint-named weights in place; return the count."""
+        from safetensors.torch import load
 
-        weights = ((n, torch.from_numpy(np.array(a, copy=True))) for n, a in zip(names, arrays, strict=True))
-        self.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-        return len(names)
+        weights = load(bytes(blob))
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        return len(weights)
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ class VLLMConfig:
         )
 
 
-def configure_vllm_env(num_threads: int, in_process: bool, disable_torch_compile: bool = True) -> None:
+def configure_vllm_env(num_threads: int, disable_torch_compile: bool = True) -> None:
     """Environment vLLM reads at import / engine start; call before constructing an engine.
 
     ``nobind`` keeps vLLM from pinning OpenMP threads (its default pins every engine to the
@@ -108,8 +110,10 @@ def configure_vllm_env(num_threads: int, in_process: bool, disable_torch_compile
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ["OMP_NUM_THREADS"] = str(num_threads)
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0" if os.environ.get("BIDIRL_QUIET_VLLM") else "1")
-    if in_process:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # Keeps the model executor inside the process that runs the engine core: this process for
+    # LLM, the single EngineCore subprocess for AsyncLLM (otherwise vLLM's CPU platform
+    # switches "uni" to "mp" and adds one more worker process).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if disable_torch_compile:
         import torch._dynamo
 
@@ -149,9 +153,11 @@ def _sampled_logprobs(completion) -> list[float]:
     return [float(pos[tok].logprob) for tok, pos in zip(completion.token_ids, completion.logprobs, strict=True)]
 
 
-def _split_weights(weights: Mapping[str, np.ndarray]) -> tuple[list[str], list[np.ndarray]]:
-    names = list(weights)
-    return names, [np.ascontiguousarray(weights[n], dtype=np.float32) for n in names]
+def _serialise_weights(weights: Mapping[str, np.ndarray]) -> bytes:
+    """safetensors bytes: vLLM's RPC msgpack carries bytes intact but not ndarrays in args."""
+    from safetensors.numpy import save
+
+    return save({n: np.ascontiguousarray(a, dtype=np.float32) for n, a in weights.items()})
 
 
 class VLLMEngine:
@@ -159,7 +165,7 @@ class VLLMEngine:
 
     def __init__(self, model_dir: str | Path, config: VLLMConfig | None = None):
         self.config = config or VLLMConfig()
-        configure_vllm_env(self.config.num_threads, True, self.config.disable_torch_compile)
+        configure_vllm_env(self.config.num_threads, self.config.disable_torch_compile)
         from vllm import LLM
 
         self.llm = LLM(**self.config.engine_kwargs(model_dir))
@@ -199,7 +205,7 @@ class VLLMEngine:
         return result
 
     def update_weights(self, weights: Mapping[str, np.ndarray], version: int) -> None:
-        self.llm.collective_rpc("bidirl_load_weights", args=_split_weights(weights))
+        self.llm.collective_rpc("bidirl_load_weights", args=(_serialise_weights(weights),))
         self.llm.reset_prefix_cache()
         self.version = int(version)
 
@@ -235,7 +241,7 @@ class AsyncVLLMEngine:
 
     def __init__(self, model_dir: str | Path, config: VLLMConfig | None = None):
         self.config = config or VLLMConfig()
-        configure_vllm_env(self.config.num_threads, False, self.config.disable_torch_compile)
+        configure_vllm_env(self.config.num_threads, self.config.disable_torch_compile)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -339,12 +345,19 @@ class AsyncVLLMEngine:
                     live.preempted = True
                 if running:
                     await self.llm.abort([live.internal_id for live in running])
-                await self.llm.collective_rpc("bidirl_load_weights", args=_split_weights(weights))
+                await self.llm.collective_rpc("bidirl_load_weights", args=(_serialise_weights(weights),))
                 await self.llm.reset_prefix_cache()
                 self.version = int(version)
             finally:
                 self._ready.set()
 
     async def close(self) -> None:
+        if self.llm is None:
+            return
         await self.abort(list(self._live))
-        self.llm.shutdown()
+        llm, self.llm = self.llm, None
+        llm.shutdown()
+        # AsyncLLM.__del__ calls shutdown() again; if that runs at interpreter exit, vLLM's
+        # module globals are gone and it prints a TypeError. Collect it now instead.
+        del llm
+        gc.collect()

@@ -15,11 +15,10 @@ An envelope is kept only if all of these hold (each failure is reported as a
                     divides ``train_devices`` (devices are the same hardware, so the
                     replica's memory check above also holds there), and the trainer state a
                     lent device parks fits in host memory;
-``train_on_roll``   some group of rollout devices (a multiple of both ``rollout_tp``, so
-                    only whole replicas are lent, and ``train_tp``; node-aligned; at most
-                    ``R``) hosts an auxiliary trainer for one micro-batch; the smallest such
-                    group is the envelope's ``aux_group``; the weights a lent rollout device
-                    parks fit in host memory.
+``train_on_roll``   one rollout replica's devices (the unit the runtime lends: a replica
+                    is whole or not at all) host an auxiliary trainer for one micro-batch,
+                    its params and fp32 gradients sharded over the ``rollout_tp`` devices;
+                    the weights a lent rollout device parks fit in host memory.
 """
 
 from __future__ import annotations
@@ -107,18 +106,10 @@ def _trainer(ctx: PlanContext, env: Envelope) -> tuple[MemoryNeed, bool]:
     return need, True
 
 
-def _aux_group(ctx: PlanContext, env: Envelope) -> tuple[int, MemoryNeed | None]:
-    """Smallest node-aligned rollout device group that hosts an auxiliary trainer."""
-    unit = math.lcm(env.rollout_tp, env.train_tp)
-    n = ctx.hw.devices_per_node
-    need = None
-    for group in range(unit, env.rollout_devices + 1, unit):
-        if not groups_aligned(0, group, env.rollout_devices // group, n):
-            continue
-        need = aux_trainer_need(ctx.hw, ctx.model, group, env.train_tp, ctx.micro_tokens)
-        if need.fits:
-            return group, need
-    return 0, need
+def _aux_need(ctx: PlanContext, env: Envelope) -> MemoryNeed:
+    """An auxiliary trainer on one lent rollout replica (its ``rollout_tp`` devices)."""
+    r = env.rollout_tp
+    return aux_trainer_need(ctx.hw, ctx.model, r, r, ctx.micro_tokens)
 
 
 def check_envelope(ctx: PlanContext, env: Envelope) -> Envelope | Rejection:
@@ -151,17 +142,10 @@ def check_envelope(ctx: PlanContext, env: Envelope) -> Envelope | Rejection:
                          f"roll_on_train: a lent trainer device parks {parked / GIB:.2f} GiB "
                          f"(params + optimizer) > {host / GIB:.2f} GiB host memory per device",
                          parked, host)
-    group, aux = _aux_group(ctx, env)
-    if not group:
-        unit = math.lcm(r, env.train_tp)
-        if aux is None:
-            return Rejection(env, "train_on_roll",
-                             f"train_on_roll: no node-aligned group of rollout devices "
-                             f"(a multiple of {unit}) fits in the {env.rollout_devices}-device "
-                             f"rollout pool for an auxiliary trainer")
+    aux = _aux_need(ctx, env)
+    if not aux.fits:
         return _memory_rejection(env, "train_on_roll", aux,
-                                 f" (largest aligned group within {env.rollout_devices} "
-                                 f"rollout devices)")
+                                 f" (a lent rollout replica of {r} devices hosts it)")
     parked = rollout_offload_bytes(m, r)
     if parked > host:
         return Rejection(env, "train_on_roll",
@@ -170,5 +154,5 @@ def check_envelope(ctx: PlanContext, env: Envelope) -> Envelope | Rejection:
                          parked, host)
     conc = rollout_concurrency(hw, m, r, ctx.plan_context)
     roll = rollout_need(hw, m, r, conc, ctx.plan_context)
-    return with_budgets(env, train_sharded=sharded, aux_group=group, rollout_concurrency=conc,
+    return with_budgets(env, train_sharded=sharded, aux_group=r, rollout_concurrency=conc,
                         rollout_memory_bytes=roll.total, train_memory_bytes=train.total)

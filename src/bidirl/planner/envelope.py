@@ -6,7 +6,7 @@ training pool after, ``R..g-1``; consecutive devices share a node)::
     rollout pool  R devices = (R / rollout_tp) replicas x rollout_tp devices
     train pool    T devices = train_dp ranks x train_tp devices   (sharded: FSDP over dp)
     borrowing     a train device group hosts replicas of rollout_tp devices;
-                  a rollout device group of aux_group devices hosts one auxiliary trainer
+                  a lent rollout replica (rollout_tp devices) hosts one auxiliary trainer
     budgets       rollout_memory_bytes / train_memory_bytes: what each role needs per device
 
 It is plain data, convertible to the simulator's ``Pools`` (which has no field for
@@ -33,7 +33,7 @@ class Envelope:
     train_dp: int
     train_tp: int
     train_sharded: bool = True  # optimizer, gradients and params sharded over dp (FSDP)
-    aux_group: int = 0  # rollout devices per auxiliary trainer; 0 = none fits
+    aux_group: int = 0  # devices of one auxiliary trainer (a lent replica); 0 = unsized
     rollout_concurrency: int = 0  # sequences one replica holds at the planned context
     rollout_memory_bytes: float = 0.0  # per device, rollout role (M_r)
     train_memory_bytes: float = 0.0  # per device, trainer role (M_t)
@@ -54,10 +54,8 @@ class Envelope:
 
     @property
     def aux_trainer_ranks(self) -> int:
-        """Data-parallel ranks (of ``train_tp`` devices) the rollout pool can host when lent."""
-        if self.aux_group <= 0:
-            return 0
-        return (self.rollout_devices // self.aux_group) * (self.aux_group // self.train_tp)
+        """Auxiliary trainers the rollout pool can host when lent: one per replica."""
+        return self.rollout_replicas if self.aux_group > 0 else 0
 
     def key(self) -> tuple[int, int, int, int]:
         return (self.rollout_devices, self.rollout_tp, self.train_dp, self.train_tp)

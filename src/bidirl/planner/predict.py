@@ -16,7 +16,7 @@ Rollout (continuous batching; a batch's groups start together when admission all
 Training::
 
     theta    = max rank's micro-batches + o,   o = all-reduce + AdamW
-    X        = rank-seconds of all micro-batches
+    M        = micro-batches per step; r_p = dp / t_micro, r_a = n_a / t_aux their rates
 
 The staleness bound admits batch ``k+s+1`` only when version ``k+1`` (trained, synced)
 exists, so ``s+1`` batches share one critical path::
@@ -32,9 +32,10 @@ taken only when it shortens ``T`` (the runtime admits a borrow only when it pays
 * Rollouter-on-TrainPool: ``N_b`` replicas on the training pool serve during its idle
   window ``T - theta`` less ``C_in + C_out``: ``N = N_r + N_b (T - theta - C) / T``;
 * Trainer-on-RollPool: a replica idles once its own share of the batch is done, until the
-  next admission: idle fraction ``1 - E[max of B/N lengths] d(b) / T``.  In that window
-  ``n_a`` auxiliary ranks take micro-batches (less ``C_in + C_grad``) beside ``dp``
-  primary ranks: ``theta = o + max((X + n_a C) / (dp + n_a), (X - n_a (idle - C)) / dp)``.
+  next admission: idle time ``T - E[max of B/N lengths] d(b)``.  In it each lent replica
+  hosts an auxiliary trainer (``rollout_tp`` devices) that takes micro-batches, less
+  ``C = C_in + C_grad``, beside the primary ranks:
+  ``theta = o + max((M + r_a C) / (r_p + r_a), (M - r_a (idle - C)) / r_p)``.
 
 A run of ``N`` steps also pays the pipeline fill (the first batch's latency and one
 training step run alone), which the simulator's throughput includes::
@@ -85,7 +86,9 @@ class _Model:
     longest_replica: float  # E[max of B / N_r lengths]
     prefill_step_s: float  # replica-seconds of prefill per batch
     prefill_group_s: float
-    micro_rank_s: float  # X
+    micro_count: float  # micro-batches per step (the last one partial)
+    micro_s: float  # one full micro-batch on a primary rank
+    aux_micro_s: float  # one full micro-batch on an auxiliary trainer (rollout_tp devices)
     max_rank_s: float  # the slowest primary rank's micro-batches
     overhead_s: float  # o
     weight_sync_s: float
@@ -119,6 +122,7 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
     t_rest = tm.microbatch_s(rest, L.train_seq_len) if rest > 0 else 0.0
     per_rank = math.ceil((full + (rest > 0)) / env.train_dp)
     max_rank = per_rank * t_full if full >= per_rank else full * t_full + t_rest
+    t_aux = ctx.train_model(env.rollout_tp).microbatch_s(ctx.micro_tokens, L.train_seq_len)
     spans = _spans_nodes(env.rollout_devices, env.train_devices, hw.devices_per_node)
     w = ctx.cost("weight_sync_s", weight_sync_s(hw, ctx.model, ctx.devices > hw.devices_per_node))
     per_replica = max(1, round(ctx.responses_per_step / env.rollout_replicas))
@@ -129,7 +133,8 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
         longest=ctx.expected_max(ctx.responses_per_step),
         longest_replica=ctx.expected_max(per_replica),
         prefill_step_s=ctx.prompts_per_step * prefill_group, prefill_group_s=prefill_group,
-        micro_rank_s=full * t_full + t_rest, max_rank_s=max_rank,
+        micro_count=full + (t_rest / t_full if t_full > 0 else 0.0), micro_s=t_full,
+        aux_micro_s=t_aux, max_rank_s=max_rank,
         overhead_s=tm.sync_s(env.train_dp, spans) + tm.optimizer_s(), weight_sync_s=w,
         c_roll=c_roll, c_train=c_train)
 
@@ -165,10 +170,12 @@ def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _
     b = _running(m, period, n)
     step = m.a + m.beta * b
     if option in ("train_on_roll", "both") and env.aux_trainer_ranks:
-        dp, n_a = env.train_dp, env.aux_trainer_ranks
+        # Micro-batches per second of the primary ranks and of the auxiliary trainers.
+        rate_p = env.train_dp / m.micro_s
+        rate_a = env.aux_trainer_ranks / m.aux_micro_s
         idle = max(0.0, period - m.longest_replica * step)
-        shared = (m.micro_rank_s + n_a * m.c_train) / (dp + n_a)
-        limited = (m.micro_rank_s - n_a * max(0.0, idle - m.c_train)) / dp
+        shared = (m.micro_count + rate_a * m.c_train) / (rate_p + rate_a)
+        limited = (m.micro_count - rate_a * max(0.0, idle - m.c_train)) / rate_p
         theta = min(theta, m.overhead_s + max(shared, limited))
     latency = m.longest * step + m.prefill_group_s
     fluid = _fluid(m, n)

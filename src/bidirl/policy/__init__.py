@@ -1,0 +1,12 @@
+"""Scheduling policies: pure functions of the cluster state that return actions.
+
+One module per policy (``sync``, ``one_step_off``, ``asynchronous``, ``roll_borrow``,
+``train_borrow``, ``bidirl_opportunistic``, ``bidirl``) and shared pieces in their own
+modules: ``admission`` (benefit vs switch cost), ``split`` (capacity-proportional work
+split with startup drain), ``batching`` (micro-batches in group-id order), ``assign``
+(keeping replicas full).  Construct one by name with ``make_policy``.
+"""
+
+from bidirl.policy.base import Policy, make_policy, policy_names
+
+__all__ = ["Policy", "make_policy", "policy_names"]

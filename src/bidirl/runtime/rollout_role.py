@@ -131,6 +131,12 @@ class RolloutRole:
             self._context.pop(i, None)
         return partials
 
+    def snapshot(self) -> list[ResponseResult]:
+        """Copies of every live response's progress, without interrupting it (checkpoints)."""
+        import copy
+
+        return [copy.deepcopy(self._partial[i]) for i in self._live]
+
     def update_weights(self, named_arrays: dict, version: int) -> float:
         """Load new weights in place (requests in flight continue with them)."""
         import torch

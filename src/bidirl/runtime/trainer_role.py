@@ -50,9 +50,46 @@ class TrainerRole:
         n_tok = sum(len(s.response_ids) for s in ts)
         return GradChunk(grads, n_tok, metrics, self.trainer.version), timings
 
+    def compute_chunk_ref(self, microbatches: list[list[dict]], total_tokens: int
+                          ) -> tuple[GradChunk, list[tuple[int, int, float]]]:
+        """Gradients of explicit micro-batches (lists of sample dicts), in order."""
+        grads, metrics, timings = [], {}, []
+        for mb in microbatches:
+            ts = [TrainSample(**s) for s in mb]
+            t0 = time.perf_counter()
+            part = self.trainer.compute_chunk_grads([ts], total_tokens, per_microbatch=True)
+            took = time.perf_counter() - t0
+            grads += part.grads
+            for k, v in part.metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+            lens = [len(s.prompt_ids) + len(s.response_ids) for s in ts]
+            # Features of the micro-batch model: tokens and attention-weighted length.
+            timings.append((sum(lens), sum(x * x for x in lens) / max(1, sum(lens)), took))
+        n_tok = sum(len(s["response_ids"]) for mb in microbatches for s in mb)
+        return GradChunk(grads, n_tok, metrics, self.trainer.version), timings
+
+    def apply_refs(self, nested: list, n_own: int) -> tuple[dict[str, float], list[float]]:
+        """Fetch chunk gradients (object refs, in merge order) and step.
+
+        The first ``n_own`` refs were computed on this device; the fetch time of each of
+        the others is the measured ``C_grad`` of shipping an auxiliary chunk here.
+        """
+        import ray
+
+        chunks, c_grad = [], []
+        for i, ref in enumerate(nested[0]):
+            t0 = time.perf_counter()
+            chunks.append(ray.get(ref))
+            if i >= n_own:
+                c_grad.append(time.perf_counter() - t0)
+        return self.trainer.apply_grads(chunks), c_grad
+
     def apply(self, chunks: list[GradChunk]) -> dict[str, float]:
         """Sum chunks in the given order and step the optimizer (primary only)."""
         return self.trainer.apply_grads(chunks)
+
+    def get_version(self) -> int:
+        return self.trainer.version
 
     def weights(self) -> dict:
         return self.trainer.get_weights_numpy()

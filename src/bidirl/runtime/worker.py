@@ -51,7 +51,18 @@ class DeviceWorker:
         elif role in ("train", "aux_train"):
             from bidirl.runtime.trainer_role import TrainerRole
 
-            self.roles[role] = TrainerRole(threads=self.threads, **kwargs)
+            group = None
+            world = kwargs.pop("dp_world", 1)
+            rank, port = kwargs.pop("dp_rank", 0), kwargs.pop("dp_port", None)
+            ckpt = kwargs.pop("checkpoint", None)
+            if world > 1:  # the primary trainer's data-parallel group (gloo on CPU)
+                from bidirl.engines.trainer_torch import init_process_group
+
+                group = init_process_group(rank, world, master_port=port)
+            r = TrainerRole(threads=self.threads, process_group=group, **kwargs)
+            if ckpt:
+                r.load(ckpt)
+            self.roles[role] = r
         else:
             raise ValueError(f"unknown role {role!r}; allowed: rollout, train, aux_train")
         return time.perf_counter() - t0

@@ -1,0 +1,259 @@
+"""Planner regret, prediction error and speed, measured against the simulator.
+
+For every scenario (the paper grid, plus a seeded random set of other hardware, model
+sizes, device counts, length distributions and staleness bounds):
+
+* plan it (``bidirl.planner.plan.plan``) over the same number of steps the simulator runs;
+* simulate the ``bidirl`` policy on every compatible envelope (or, with
+  ``--max-envelopes K``, on the K best predicted plus the best predicted of every split);
+* regret = (best simulated throughput - simulated throughput of the pick) / best;
+* prediction error = |predicted - simulated| / simulated, for the pick and for all;
+* on grid scenarios, "separate the two gains": ``async`` and ``bidirl`` on the
+  baseline-aligned half/half split, ``async`` on its best simulated split, ``bidirl`` on
+  the planner's split.
+
+Prints a table, writes ``bench/results/planner_regret.json``.  Simulated results are
+cached in ``bench/results/planner_regret.cache.json`` (keyed by scenario, envelope,
+policy and steps) so an interrupted run resumes; ``--fresh`` ignores the cache.
+
+    .venv/bin/python bench/planner_regret.py --quick      # a few minutes
+    .venv/bin/python bench/planner_regret.py              # grid + 30 random scenarios
+    .venv/bin/python bench/planner_regret.py --speed      # planner time at 256 devices
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bidirl.planner.envelope import Envelope, envelope_of
+from bidirl.planner.plan import PlanError, plan, scenario_with_envelope
+from bidirl.sim.grid import half_split, paper_grid
+from bidirl.sim.scenario import ResponseLength, Scenario, Workload
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RANDOM_HARDWARE = ("A6000-48GB", "H100-80GB", "H200-141GB", "A100-80GB")
+RANDOM_MODELS = ("Qwen3-4B", "Qwen3-8B", "Qwen2.5-7B", "Qwen3-14B", "Qwen3-32B")
+RANDOM_DEVICES = (6, 10, 12, 14, 20, 24, 28, 36, 40, 48)
+
+
+def random_scenarios(n: int, seed: int, steps: int) -> list[Scenario]:
+    """``n`` varied scenarios; devices mostly not powers of two, staleness 1..4."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        i = len(out)
+        max_len = rng.choice((2048, 4096, 6144, 8192, 12288, 16384, 24576))
+        dist = rng.choice(("lognormal", "lognormal", "uniform", "constant"))
+        rl = ResponseLength(dist, median=max(16, int(max_len * rng.uniform(0.1, 0.4))),
+                            sigma=rng.uniform(0.4, 1.2), min=16, max=max_len)
+        w = Workload(prompts_per_step=rng.choice((32, 48, 64, 96, 128)),
+                     group_size=rng.choice((4, 8, 16)),
+                     prompt_tokens=rng.choice((128, 256, 512, 1024)), response_length=rl)
+        devices = rng.choice(RANDOM_DEVICES)
+        sc = Scenario(name=f"rand{i:02d}", hardware=rng.choice(RANDOM_HARDWARE),
+                      devices=devices, model=rng.choice(RANDOM_MODELS),
+                      staleness=rng.randint(1, 4), steps=steps, seed=seed + i, workload=w,
+                      pools=half_split(devices))
+        sc = sc.replace(description=(f"{sc.hardware} x{devices}, {sc.model}, {dist} max "
+                                     f"{max_len}, s={sc.staleness}"))
+        try:
+            plan(sc, top_k=1)
+        except PlanError:
+            continue  # a model too large for the budget: not a regret case
+        out.append(sc)
+    return out
+
+
+class SimCache:
+    """Simulated throughputs, persisted so an interrupted run resumes."""
+
+    def __init__(self, path: Path, fresh: bool) -> None:
+        self.path = path
+        self.data: dict[str, dict] = {}
+        if path.exists() and not fresh:
+            self.data = json.loads(path.read_text())
+        self.sims = 0
+        self.sim_s = 0.0
+
+    def run(self, sc: Scenario, env: Envelope, policy: str, steps: int) -> dict:
+        key = f"{sc.name}|{sc.seed}|{env.key()}|{policy}|{steps}"
+        if key not in self.data:
+            from bidirl.sim.run import simulate
+
+            t0 = time.perf_counter()
+            res = simulate(scenario_with_envelope(sc, env), policy, steps=steps, seed=sc.seed,
+                           record_intervals=False)
+            self.sim_s += time.perf_counter() - t0
+            self.sims += 1
+            self.data[key] = {"tokens_per_s": res.throughput_tokens_per_s,
+                              "step_s": res.mean_step_time_s, "borrows": res.borrows}
+            if self.sims % 20 == 0:
+                self.save()
+        return self.data[key]
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data))
+
+
+def oracle_set(result, max_envelopes: int | None) -> list:
+    """Candidates the oracle simulates: all, or the top K plus the best of every split."""
+    cands = result.candidates
+    if not max_envelopes or len(cands) <= max_envelopes:
+        return cands
+    chosen = {c.envelope.key(): c for c in cands[:max_envelopes]}
+    for c in cands:  # best predicted layout of every rollout/train split
+        chosen.setdefault(("split", c.envelope.rollout_devices), c)
+    return list(dict.fromkeys(chosen.values()))
+
+
+def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: int | None,
+                      gains: bool, log) -> dict:
+    result = plan(sc, top_k=5, steps=steps)
+    pick = result.envelope
+    oracle = oracle_set(result, max_envelopes)
+    sims = {}
+    for i, c in enumerate(oracle):
+        sims[c.envelope.key()] = (c, cache.run(sc, c.envelope, "bidirl", steps))
+        log(f"  {sc.name}: {i + 1}/{len(oracle)} envelopes simulated")
+    best_key = max(sims, key=lambda k: sims[k][1]["tokens_per_s"])
+    best = sims[best_key][1]["tokens_per_s"]
+    got = sims[pick.key()][1]["tokens_per_s"]
+    pred = result.predicted_tokens_per_s
+    errors = [abs(c.prediction.tokens_per_s - r["tokens_per_s"]) / r["tokens_per_s"]
+              for c, r in sims.values()]
+    row = {
+        "scenario": sc.name, "description": sc.description, "devices": sc.devices,
+        "pick": pick.to_json(), "pick_label": pick.label(),
+        "best_label": sims[best_key][0].envelope.label(),
+        "predicted_tokens_per_s": pred, "simulated_pick_tokens_per_s": got,
+        "simulated_best_tokens_per_s": best, "regret": (best - got) / best,
+        "prediction_error": abs(pred - got) / got, "envelopes_simulated": len(sims),
+        "compatible": result.compatible, "median_prediction_error_all": statistics.median(errors),
+        "regime": result.prediction.regime, "borrowed": result.prediction.borrowed,
+    }
+    if gains:
+        half = envelope_of(sc.replace(pools=half_split(sc.devices)))
+        row["gains"] = {
+            "async_half": cache.run(sc, half, "async", steps)["tokens_per_s"],
+            "bidirl_half": cache.run(sc, half, "bidirl", steps)["tokens_per_s"],
+            "async_best": max(cache.run(sc, c.envelope, "async", steps)["tokens_per_s"]
+                              for c in oracle),
+            "bidirl_planner": got,
+        }
+    return row
+
+
+def summarize(rows: list[dict]) -> dict:
+    def stats(key: str, subset: list[dict]) -> dict:
+        vals = [r[key] for r in subset]
+        return {"median": statistics.median(vals), "max": max(vals), "n": len(vals)} if vals else {}
+
+    out = {}
+    for name, subset in (("grid", [r for r in rows if "gains" in r]),
+                         ("random", [r for r in rows if "gains" not in r]), ("all", rows)):
+        out[name] = {"regret": stats("regret", subset),
+                     "prediction_error": stats("prediction_error", subset),
+                     "prediction_error_all_envelopes": stats("median_prediction_error_all",
+                                                             subset)}
+    return out
+
+
+def print_table(rows: list[dict], summary: dict) -> None:
+    print(f"{'scenario':34} {'pick':44} {'pred':>9} {'sim':>9} {'best':>9} "
+          f"{'regret':>7} {'err':>6} {'n':>4}")
+    for r in rows:
+        print(f"{r['scenario']:34} {r['pick_label']:44} {r['predicted_tokens_per_s']:9.0f} "
+              f"{r['simulated_pick_tokens_per_s']:9.0f} {r['simulated_best_tokens_per_s']:9.0f} "
+              f"{r['regret']:7.1%} {r['prediction_error']:6.1%} {r['envelopes_simulated']:4d}")
+    grid = [r for r in rows if "gains" in r]
+    if grid:
+        print(f"\n{'separate the two gains':34} {'async half':>11} {'bidirl half':>12} "
+              f"{'async best':>11} {'bidirl plan':>12} {'runtime':>8} {'planner':>8}")
+        for r in grid:
+            g = r["gains"]
+            print(f"{r['scenario']:34} {g['async_half']:11.0f} {g['bidirl_half']:12.0f} "
+                  f"{g['async_best']:11.0f} {g['bidirl_planner']:12.0f} "
+                  f"{g['bidirl_half'] / g['async_half']:7.2f}x "
+                  f"{g['bidirl_planner'] / g['bidirl_half']:7.2f}x")
+    for name, s in summary.items():
+        if s["regret"]:
+            print(f"{name:7} regret median {s['regret']['median']:.2%} max {s['regret']['max']:.2%}"
+                  f" | pick prediction error median {s['prediction_error']['median']:.2%} max "
+                  f"{s['prediction_error']['max']:.2%} | all envelopes median "
+                  f"{s['prediction_error_all_envelopes']['median']:.2%} (n={s['regret']['n']})")
+
+
+def speed(devices: int = 256, repeats: int = 3) -> dict:
+    from bidirl.sim.scenario import load
+
+    out = {}
+    for name in ("default",):
+        sc = load(name).replace(devices=devices)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            res = plan(sc)
+            times.append(time.perf_counter() - t0)
+        out[f"{name}@{devices}"] = {"seconds_min": min(times), "seconds_median":
+                                    statistics.median(times), "evaluated": res.evaluated,
+                                    "compatible": res.compatible}
+        print(f"plan {name} at {devices} devices: {min(times):.3f} s (min of {repeats}), "
+              f"{res.evaluated} envelopes, {res.compatible} compatible")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="8 grid + 6 random scenarios")
+    ap.add_argument("--steps", type=int, default=8, help="simulated steps per run")
+    ap.add_argument("--random", type=int, default=30, help="random scenarios")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-envelopes", type=int, default=None,
+                    help="simulate only the K best predicted + the best of every split")
+    ap.add_argument("--no-gains", action="store_true", help="skip the async comparisons")
+    ap.add_argument("--speed", action="store_true", help="only time the planner")
+    ap.add_argument("--fresh", action="store_true", help="ignore cached simulations")
+    ap.add_argument("--out", type=Path, default=RESULTS / "planner_regret.json")
+    args = ap.parse_args(argv)
+    if args.speed:
+        speed()
+        return 0
+    grid = paper_grid(steps=args.steps)
+    rand = random_scenarios(args.random, 1000 + args.seed, args.steps)
+    if args.quick:
+        grid, rand = grid[::6], rand[:6]
+        args.max_envelopes = args.max_envelopes or 12
+    cache = SimCache(args.out.with_suffix(".cache.json"), args.fresh)
+    rows, t0 = [], time.perf_counter()
+    scenarios = [(sc, not args.no_gains) for sc in grid] + [(sc, False) for sc in rand]
+
+    def log(msg: str) -> None:
+        print(f"\r[{len(rows) + 1}/{len(scenarios)} {time.perf_counter() - t0:6.0f} s] {msg}"
+              + " " * 10, end="", file=sys.stderr, flush=True)
+
+    for sc, gains in scenarios:
+        rows.append(evaluate_scenario(sc, cache, args.steps, args.max_envelopes, gains, log))
+        cache.save()
+    print(file=sys.stderr)
+    summary = summarize(rows)
+    print_table(rows, summary)
+    report = {"command": " ".join(["bench/planner_regret.py", *(argv or sys.argv[1:])]),
+              "steps": args.steps, "max_envelopes": args.max_envelopes,
+              "wall_s": time.perf_counter() - t0, "simulations": cache.sims,
+              "simulation_s": cache.sim_s, "summary": summary, "speed": speed(),
+              "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

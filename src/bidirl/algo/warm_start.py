@@ -1,0 +1,124 @@
+"""Short supervised warm start so that RL on a built-in task has a signal.
+
+Why: a randomly initialised model almost never emits a digit string of the right shape, so
+every reward in a group is 0, every group-normalised advantage is 0 and GRPO learns nothing.
+A few hundred tiny SFT steps on the task's ``prompt -> answer<|eos|>`` format teach the format
+and part of the mapping; sampled answers then earn a mean reward clearly above 0 and clearly
+below 1, which is the regime where GRPO's improvement is visible within minutes on a CPU.
+
+The SFT loss is token-mean cross-entropy on the answer tokens (and the closing EOS) only; the
+prompt is context. The result is saved as a normal HF directory (weights, config, tokenizer),
+next to a ``bidirl_warm_start.json`` marker that makes the call idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+_MARKER = "bidirl_warm_start.json"
+
+
+def sft_examples(task_names: list[str], n: int, tokenizer, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids + EOS) pairs drawn from the built-in tasks."""
+    from bidirl.algo.tasks import mixed_rows
+    from bidirl.algo.tiny_model import encode_prompt
+
+    out = []
+    for row in mixed_rows(task_names, n, seed=seed, split="sft"):
+        prompt = encode_prompt(tokenizer, row["prompt"])
+        answer = tokenizer.encode(str(row["reward_model"]["ground_truth"]), add_special_tokens=False)
+        out.append((prompt, answer + [tokenizer.eos_token_id]))
+    return out
+
+
+def _batch(examples, pad_id: int):
+    import torch
+
+    L = max(len(p) + len(a) for p, a in examples)
+    ids = torch.full((len(examples), L), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), L), -100, dtype=torch.long)
+    attention = torch.zeros((len(examples), L), dtype=torch.long)
+    for b, (p, a) in enumerate(examples):
+        seq = p + a
+        ids[b, : len(seq)] = torch.tensor(seq)
+        labels[b, len(p) : len(seq)] = torch.tensor(a)
+        attention[b, : len(seq)] = 1
+    return ids, labels, attention
+
+
+def warm_start(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    tasks: tuple[str, ...] = ("copy",),
+    steps: int = 100,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+    num_threads: int | None = 1,
+) -> Path:
+    """SFT ``model_dir`` for ``steps`` steps on ``tasks`` and save the result to ``out_dir``.
+
+    Idempotent: returns ``out_dir`` untouched if it already holds a warm start of the same
+    source model with the same arguments. Defaults take ~5 s on one core for the 2-layer model.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    spec = {
+        "source": str(model_dir.resolve()), "tasks": list(tasks), "steps": steps,
+        "batch_size": batch_size, "lr": lr, "seed": seed,
+    }
+    marker = out_dir / _MARKER
+    if marker.is_file() and json.loads(marker.read_text()).get("spec") == spec:
+        return out_dir
+    if num_threads is not None:
+        from bidirl.engines.trainer_torch import set_torch_threads
+
+        set_torch_threads(num_threads)
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).train()
+    examples = sft_examples(list(tasks), max(4096, batch_size * 8), tok, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / steps))
+    rng = random.Random(seed)
+    start, losses = time.perf_counter(), []
+    for _ in range(steps):
+        ids, labels, attention = _batch(rng.sample(examples, batch_size), tok.pad_token_id)
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels, use_cache=False).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    report = {
+        "spec": spec, "seconds": time.perf_counter() - start,
+        "first_loss": losses[0] if losses else None, "final_loss": sum(losses[-10:]) / max(1, len(losses[-10:])),
+    }
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        for f in model_dir.iterdir():  # keep the tiny-model marker and anything else small
+            if f.suffix == ".json" and not (tmp / f.name).exists():
+                shutil.copy2(f, tmp / f.name)
+        (tmp / _MARKER).write_text(json.dumps(report, indent=1))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def warm_start_report(out_dir: str | Path) -> dict:
+    """The marker written by :func:`warm_start` (spec, seconds, first/final loss)."""
+    return json.loads((Path(out_dir) / _MARKER).read_text())

@@ -1,0 +1,72 @@
+"""What the controller knows about the cluster before the run: units, layouts, workload.
+
+A runtime builds a ``ClusterSpec`` from its own configuration (the simulator from a
+``Scenario`` and ``Pools``; the Ray runtime from its placement) and hands it to the
+controller.  It is plain data: no I/O, no device handles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bidirl.core.ledger import Pool
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Topology and workload shape.
+
+    ``replica_devices[r]`` are the devices of primary rollout replica ``r``;
+    ``train_units[u]`` are the train-pool devices of lendable unit ``n_replicas + u``
+    (``rollout_tp`` devices each, so each can host one borrowed rollout replica).
+    ``replica_cap`` is the number of responses a replica runs at once (continuous batching
+    concurrency, from KV-cache memory).  ``total_groups = steps * groups_per_step``.
+    """
+
+    hardware: str
+    model: str
+    devices: int
+    replica_devices: tuple[tuple[int, ...], ...]
+    train_devices: tuple[int, ...]
+    train_units: tuple[tuple[int, ...], ...]
+    rollout_tp: int
+    train_dp: int
+    train_tp: int
+    train_spans_nodes: bool
+    replica_cap: int
+    groups_per_step: int
+    group_size: int
+    prompt_tokens: int
+    staleness: int
+    steps: int
+    micro_batch_tokens: int
+    max_response_tokens: int = 8192
+    aux_trainers: bool = True  # a rollout unit can hold an auxiliary trainer (memory)
+    devices_per_node: int = 8
+    prior_scale: float = 1.0  # how far the scheduler's stage-model priors start off
+
+    @property
+    def n_replicas(self) -> int:
+        return len(self.replica_devices)
+
+    @property
+    def n_units(self) -> int:
+        return len(self.replica_devices) + len(self.train_units)
+
+    @property
+    def total_groups(self) -> int:
+        return self.steps * self.groups_per_step
+
+    def rollout_devices(self) -> tuple[int, ...]:
+        return tuple(d for devs in self.replica_devices for d in devs)
+
+    def unit_devices(self, unit: int) -> tuple[int, ...]:
+        if unit < self.n_replicas:
+            return self.replica_devices[unit]
+        return self.train_units[unit - self.n_replicas]
+
+    def unit_pool(self, unit: int) -> Pool:
+        return Pool.ROLLOUT if unit < self.n_replicas else Pool.TRAIN
+
+    def train_unit_ids(self) -> range:
+        return range(self.n_replicas, self.n_units)

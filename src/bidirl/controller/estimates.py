@@ -1,0 +1,109 @@
+"""The scheduler's beliefs: calibrated stage-time models, switch costs, workload statistics.
+
+Everything a policy predicts goes through here, so that the admission rule and the work
+split use the same numbers, and so that those numbers improve as measurements arrive
+(``StageMeasured`` events feed ``perf.stage_models``; lend/reclaim costs feed
+``perf.switch_costs.SwitchCostEstimator``).  Workload statistics (mean response length,
+how long a group takes from start to completion) are exponential moving averages: the
+paper uses no length prediction, and neither do we.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from statistics import median
+
+from bidirl.controller.actions import MicroBatch
+from bidirl.controller.cluster import ClusterSpec
+from bidirl.perf.calibration import LinearTimeModel
+from bidirl.perf.profiles import HARDWARE, MODELS, lookup
+from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, weight_sync_s
+from bidirl.perf.switch_costs import SwitchCostEstimator, switch_priors
+
+EMA_ALPHA = 0.02  # ~50 groups of memory: follows drift in response lengths, ignores noise
+
+
+class Ema:
+    """Exponential moving average that starts from a prior until the first sample."""
+
+    __slots__ = ("value", "alpha", "samples")
+
+    def __init__(self, prior: float, alpha: float = EMA_ALPHA) -> None:
+        self.value, self.alpha, self.samples = prior, alpha, 0
+
+    def add(self, x: float) -> None:
+        self.samples += 1
+        a = max(self.alpha, 1.0 / self.samples)  # plain mean while samples are few
+        self.value += a * (x - self.value)
+
+
+class Estimates:
+    """Calibrated predictions of stage times for one cluster."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        hw, m = lookup(HARDWARE, spec.hardware, "hardware"), lookup(MODELS, spec.model, "model")
+        scale = spec.prior_scale
+        self.spec = spec
+        self.rollout = RolloutStageModel(hw, m, spec.rollout_tp, scale, refit_every=4)
+        self.train = TrainStageModel(hw, m, spec.train_tp, scale, refit_every=2)
+        self.aux = TrainStageModel(hw, m, spec.rollout_tp, scale, refit_every=2)
+        self.switch = SwitchCostEstimator(switch_priors(hw, m, spec.rollout_tp, spec.rollout_tp))
+        self.weight_sync = LinearTimeModel(
+            "weight_sync", (weight_sync_s(hw, m, spec.devices > hw.devices_per_node) * scale,))
+        self.colocated: deque[float] = deque(maxlen=8)
+        self._colocated_prior = self.switch.estimate("roll_on_train.c_in")
+        self.response_len = Ema(spec.max_response_tokens / 4)
+        self.group_s = Ema(0.0)
+        self._optimizer_s = self.train.optimizer_s()
+
+    # -- learning -------------------------------------------------------------------
+    def observe(self, stage: str, features: tuple[float, ...], seconds: float) -> None:
+        """Feed one measurement to the model of ``stage``."""
+        if stage == "decode":
+            self.rollout.decode.observe(features, seconds)
+        elif stage == "prefill":
+            self.rollout.prefill.observe(features, seconds)
+        elif stage == "train_micro":
+            self.train.micro.observe(features, seconds)
+        elif stage == "aux_micro":
+            self.aux.micro.observe(features, seconds)
+        elif stage == "train_sync":
+            self.train.sync.observe(features, seconds)
+        elif stage == "weight_sync":
+            self.weight_sync.observe(features, seconds)
+        elif stage == "colocated_switch":
+            self.colocated.append(seconds)
+        else:
+            self.switch.observe(stage, seconds)
+
+    # -- rollout --------------------------------------------------------------------
+    def group_tokens(self) -> float:
+        """Expected response tokens of one prompt group."""
+        return self.response_len.value * self.spec.group_size
+
+    def replica_rate(self) -> float:
+        """Decode tokens/s of one replica kept at its concurrency cap."""
+        ctx = self.spec.prompt_tokens + self.response_len.value / 2
+        return self.rollout.tokens_per_s(self.spec.replica_cap, ctx)
+
+    # -- training -------------------------------------------------------------------
+    def micro_s(self, mb: MicroBatch, aux: bool = False) -> float:
+        model = self.aux if aux else self.train
+        return model.microbatch_s(mb.tokens, mb.seq_len)
+
+    def merge_s(self) -> float:
+        """Primary's work after the last gradient arrives: dp all-reduce + optimizer."""
+        s = self.spec
+        return self.train.sync_s(s.train_dp, s.train_spans_nodes) + self._optimizer_s
+
+    def weight_sync_s(self) -> float:
+        return self.weight_sync.predict((1.0,))
+
+    def colocated_switch_s(self) -> float:
+        return median(self.colocated) if self.colocated else self._colocated_prior
+
+    def median_errors(self) -> dict[str, float | None]:
+        models = (self.rollout.decode, self.rollout.prefill, self.train.micro, self.aux.micro,
+                  self.train.sync, self.weight_sync)
+        return {m.name if m is not self.aux.micro else "aux_micro": m.median_rel_error()
+                for m in models}

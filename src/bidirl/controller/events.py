@@ -1,0 +1,100 @@
+"""Events: what happened in the cluster, reported by a runtime to the controller.
+
+Events are facts in the past tense.  A runtime (simulated or real) reports each one once,
+in the order it happened; the controller never asks a runtime what its state is.  All
+times are the runtime's clock (``Runtime.now()``) at the moment the event is delivered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bidirl.core.ledger import Role
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The runtime is up; the controller may issue its first actions."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupsCompleted:
+    """Every response of these prompt groups finished on ``replica``.
+
+    ``response_lengths[i]`` are the response lengths (tokens) of ``group_ids[i]`` in
+    response order; the trainer's micro-batches are packed from them.
+    """
+
+    replica: int
+    group_ids: tuple[int, ...]
+    response_lengths: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupsInterrupted:
+    """A reclaimed replica handed these groups back as partial prefixes.
+
+    The runtime keeps the prefixes (token ids, log-probs) keyed by group id and resumes
+    them when the group is assigned again; the controller only needs counts:
+    ``tokens_done[i]`` response tokens were generated so far and ``responses_left[i]``
+    responses are unfinished.
+    """
+
+    replica: int
+    group_ids: tuple[int, ...]
+    tokens_done: tuple[int, ...]
+    responses_left: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainStepFinished:
+    """The primary trainer merged every chunk of ``step`` and stepped: ``version`` exists."""
+
+    step: int
+    version: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsSynced:
+    """Every rollout replica now holds ``version``."""
+
+    version: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLent:
+    """Unit ``unit`` now hosts ``role`` (the other pool's stage); C_in took ``seconds``."""
+
+    unit: int
+    role: Role
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReclaimed:
+    """Unit ``unit`` is back in its own pool's role; C_out took ``seconds``."""
+
+    unit: int
+    role: Role  # the borrowed role that was released
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class StageMeasured:
+    """A measured stage time, fed to the online-calibrated stage-time models.
+
+    ``stage`` is one of ``decode``, ``prefill``, ``train_micro``, ``aux_micro``,
+    ``train_sync``, ``weight_sync``, ``train_on_roll.c_grad``.  ``features`` match the
+    stage model's linear features (sums of them when a runtime aggregates several
+    measurements: the models are linear, so sums are exact).
+    """
+
+    stage: str
+    features: tuple[float, ...]
+    seconds: float
+
+
+Event = (Started | GroupsCompleted | GroupsInterrupted | TrainStepFinished | WeightsSynced
+         | DeviceLent | DeviceReclaimed | StageMeasured)

@@ -1,0 +1,345 @@
+"""The controller's view of the cluster: ledgers, versions, the group queue, unit status.
+
+State changes in exactly two ways: ``observe(event)`` records what a runtime reported,
+and ``commit(action)`` records what the controller just asked for (optimistically, so a
+policy that yields several actions in a row sees the effect of the earlier ones).  Policies
+read it and never write it.
+
+Everything a policy asks per event is O(1) or O(log n): the least-loaded replica comes
+from a heap with lazy deletion, batch readiness from counters, the queue is a counter of
+fresh groups (in group-id order) plus a heap of partial groups waiting to be resumed.
+
+Unit status::
+
+    HOME --Lend--> LENDING --DeviceLent--> LENT --Reclaim--> RECLAIMING --DeviceReclaimed--> HOME
+"""
+
+from __future__ import annotations
+
+import heapq
+from enum import Enum
+
+from bidirl.controller.actions import (
+    PRIMARY, Action, AssignGroups, Lend, Reclaim, StartTrainStep, SyncWeights,
+)
+from bidirl.controller.cluster import ClusterSpec
+from bidirl.controller.estimates import Estimates
+from bidirl.controller.events import (
+    DeviceLent, DeviceReclaimed, Event, GroupsCompleted, GroupsInterrupted, StageMeasured,
+    TrainStepFinished, WeightsSynced,
+)
+from bidirl.core.ledger import DeviceLedger, GroupLedger, Pool, Role
+from bidirl.core.samples import GroupState, PromptGroup
+from bidirl.core.staleness import batch_of, may_start
+
+
+class Phase(str, Enum):
+    IDLE = "idle"
+    TRAINING = "training"
+    SYNCING = "syncing"
+
+
+class UnitStatus(str, Enum):
+    HOME = "home"
+    LENDING = "lending"
+    LENT = "lent"
+    RECLAIMING = "reclaiming"
+
+
+class ClusterState:
+    """Cluster state owned by the controller (see module docstring)."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.t = 0.0
+        self.est = Estimates(spec)
+        self.groups = GroupLedger()
+        self.devices = DeviceLedger.build(list(spec.rollout_devices()), list(spec.train_devices),
+                                          spec.devices_per_node)
+        n = spec.n_units
+        self.version = 0  # newest policy version (the primary trainer's)
+        self.synced = 0  # the version the primary rollout replicas hold
+        self.running = 0  # groups generating now
+        self.phase = Phase.IDLE
+        self.next_step = 0  # the batch the trainer trains next
+        self.pending_sync: int | None = None  # a version trained but not yet pushed
+        self.step_chunks: dict[int, int] = {}  # aux unit -> micro-batches, last step started
+        self.away = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}  # units not home, per owner pool
+        # Units: status, role hosted, version held, responses running, accepting groups.
+        self.status = [UnitStatus.HOME] * n
+        self.colocated = [False] * n
+        self.unit_version = [0] * n
+        self.load = [0] * n
+        self.accepting = [u < spec.n_replicas for u in range(n)]
+        self.unit_groups: list[set[int]] = [set() for _ in range(n)]
+        self.draining: set[int] = set()  # policy wants these emptied (no new groups)
+        self._heap = [(0, u) for u in range(spec.n_replicas)]
+        self.idle_replicas: set[int] = set(range(spec.n_replicas))  # home, empty replicas
+        # Queue: fresh groups are next_fresh.. in id order; partial groups wait in a heap.
+        self.next_fresh = 0
+        self._partial: list[int] = []
+        self.partial_left: dict[int, int] = {}
+        self.started = [0] * spec.steps  # fresh groups started, per batch
+        self.done = [0] * spec.steps  # groups complete, per batch
+        self.partial_in_batch = [0] * spec.steps
+        self.lengths: dict[int, tuple[int, ...]] = {}
+        self._assigned_at: dict[int, float] = {}
+        self.staleness_max = 0
+        self.admissions: list = []  # AdmissionDecision records (policy.admission)
+
+    # -- queries -------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.next_step >= self.spec.steps and self.phase is not Phase.TRAINING
+
+    def batch_ready(self, b: int) -> bool:
+        return b < self.spec.steps and self.done[b] == self.spec.groups_per_step
+
+    def queued_groups(self, through_batch: int) -> int:
+        """Groups of batches <= ``through_batch`` not running and not complete."""
+        s = self.spec
+        last = min(through_batch, s.steps - 1)
+        fresh = max(0, (last + 1) * s.groups_per_step - self.next_fresh)
+        return fresh + sum(self.partial_in_batch[self.next_step: last + 1])
+
+    def running_groups(self, through_batch: int) -> int:
+        """Groups of batches <= ``through_batch`` generating now."""
+        last = min(through_batch, self.spec.steps - 1)
+        return sum(self.started[b] - self.done[b] - self.partial_in_batch[b]
+                   for b in range(self.next_step, last + 1))
+
+    def lent_units(self, pool: Pool) -> list[int]:
+        """Units of ``pool`` that are not home (lending, lent or reclaiming)."""
+        ids = range(self.spec.n_replicas) if pool is Pool.ROLLOUT else self.spec.train_unit_ids()
+        return [u for u in ids if self.status[u] is not UnitStatus.HOME]
+
+    def trainer_home(self) -> bool:
+        return self.away[Pool.TRAIN] == 0
+
+    def home_replicas(self) -> int:
+        return self.spec.n_replicas - self.away[Pool.ROLLOUT]
+
+    def pick_replica(self) -> int | None:
+        """The least-loaded unit that accepts groups and has room for one more group."""
+        cap, need, heap = self.spec.replica_cap, self.spec.group_size, self._heap
+        while heap:
+            load, u = heap[0]
+            if not self.accepting[u] or load != self.load[u] or u in self.draining:
+                heapq.heappop(heap)
+                continue
+            return u if (load + need <= cap or load == 0) else None
+        return None
+
+    def next_group(self, unit: int, limit_batch: int) -> int | None:
+        """The next group (partial first, then fresh in id order) admissible on ``unit``."""
+        s, v = self.spec, self.unit_version[unit]
+        if self._partial:
+            gid = self._partial[0]
+            b = batch_of(gid, s.groups_per_step)
+            if b <= limit_batch and may_start(b, v, s.staleness):
+                return gid
+        gid = self.next_fresh
+        if gid >= s.total_groups:
+            return None
+        b = batch_of(gid, s.groups_per_step)
+        if b <= limit_batch and may_start(b, v, s.staleness):
+            return gid
+        return None
+
+    def has_queued_work(self) -> bool:
+        return bool(self._partial) or self.next_fresh < self.spec.total_groups
+
+    # -- observe ---------------------------------------------------------------------
+    def observe(self, ev: Event, now: float) -> None:
+        self.t = now
+        handler = _OBSERVERS.get(type(ev))
+        if handler is not None:
+            handler(self, ev)
+
+    def _on_completed(self, ev: GroupsCompleted) -> None:
+        est = self.est
+        for gid, lens in zip(ev.group_ids, ev.response_lengths):
+            g = self.groups.groups[gid]
+            g.note_tokens(sum(lens) - g.tokens_generated, self.unit_version[ev.replica])
+            g.move(GroupState.COMPLETE, self.t)
+            self.lengths[gid] = lens
+            self.done[g.batch] += 1
+            self.running -= 1
+            self._unload(ev.replica, gid, len(lens) if gid not in self.partial_left
+                         else self.partial_left.pop(gid))
+            for n_tok in lens:
+                est.response_len.add(n_tok)
+            t0 = self._assigned_at.pop(gid, None)
+            if t0 is not None:
+                est.group_s.add(self.t - t0)
+
+    def _on_interrupted(self, ev: GroupsInterrupted) -> None:
+        for gid, tok, left in zip(ev.group_ids, ev.tokens_done, ev.responses_left):
+            g = self.groups.groups[gid]
+            g.note_tokens(tok - g.tokens_generated, self.unit_version[ev.replica])
+            g.move(GroupState.PARTIAL, self.t)
+            g.interruptions += 1
+            self._unload(ev.replica, gid, self.partial_left.get(gid, self.spec.group_size))
+            self.partial_left[gid] = left
+            self.partial_in_batch[g.batch] += 1
+            self.running -= 1
+            heapq.heappush(self._partial, gid)
+            self._assigned_at.pop(gid, None)
+
+    def _on_step(self, ev: TrainStepFinished) -> None:
+        s = self.spec
+        for gid in range(ev.step * s.groups_per_step, (ev.step + 1) * s.groups_per_step):
+            gap = self.groups.mark_trained(gid, ev.step, s.staleness, self.t)
+            self.staleness_max = max(self.staleness_max, gap)
+            self.lengths.pop(gid, None)
+        self.version = ev.version
+        self.phase = Phase.IDLE
+        self.next_step = ev.step + 1
+        self.pending_sync = ev.version if self.next_step < s.steps else None
+
+    def _on_synced(self, ev: WeightsSynced) -> None:
+        self.phase = Phase.IDLE
+        self.synced = ev.version
+        for u in range(self.spec.n_replicas):
+            self.unit_version[u] = ev.version
+        for u in self.spec.train_unit_ids():
+            self.unit_version[u] = max(self.unit_version[u], ev.version)
+        self.est.observe("weight_sync", (1.0,), ev.seconds)
+
+    def _on_lent(self, ev: DeviceLent) -> None:
+        u, t0 = ev.unit, self.t - ev.seconds
+        for d in self.spec.unit_devices(u):
+            self.devices.lend(d, t0, ev.seconds)
+        if self.status[u] is UnitStatus.LENDING:
+            self.status[u] = UnitStatus.LENT
+        if self.colocated[u]:
+            self.est.observe("colocated_switch", (), ev.seconds)
+        else:
+            kind = "roll_on_train" if ev.role is Role.ROLLOUT else "train_on_roll"
+            self.est.observe(f"{kind}.c_in", (), ev.seconds)
+        if ev.role is Role.ROLLOUT and self.status[u] is UnitStatus.LENT:
+            self.unit_version[u] = self.version  # borrowed replicas load the newest weights
+            self._set_accepting(u, True)
+
+    def _on_reclaimed(self, ev: DeviceReclaimed) -> None:
+        u = ev.unit
+        for d in self.spec.unit_devices(u):
+            self.devices.reclaim(d, self.t, ev.seconds)
+        if self.colocated[u]:
+            self.est.observe("colocated_switch", (), ev.seconds)
+        else:
+            kind = "roll_on_train" if ev.role is Role.ROLLOUT else "train_on_roll"
+            self.est.observe(f"{kind}.c_out", (), ev.seconds)
+        self.status[u] = UnitStatus.HOME
+        self.away[self.spec.unit_pool(u)] -= 1
+        self.colocated[u] = False
+        if u < self.spec.n_replicas:
+            self.unit_version[u] = self.synced  # it gets what its peers hold
+            self._set_accepting(u, True)
+
+    def _on_measured(self, ev: StageMeasured) -> None:
+        self.est.observe(ev.stage, ev.features, ev.seconds)
+
+    # -- commit ----------------------------------------------------------------------
+    def commit(self, action: Action) -> None:
+        handler = _COMMITTERS[type(action)]
+        handler(self, action)
+
+    def _do_assign(self, a: AssignGroups) -> None:
+        s = self.spec
+        for gid in a.group_ids:
+            if self._partial and self._partial[0] == gid:
+                heapq.heappop(self._partial)
+                g = self.groups.groups[gid]
+                self.partial_in_batch[g.batch] -= 1
+                n = self.partial_left[gid]
+            else:
+                if gid != self.next_fresh:
+                    raise ValueError(f"group {gid} assigned out of order "
+                                     f"(next fresh group is {self.next_fresh})")
+                self.next_fresh += 1
+                g = PromptGroup(gid, batch_of(gid, s.groups_per_step), s.group_size,
+                                s.prompt_tokens)
+                self.groups.add(g)
+                self.started[g.batch] += 1
+                self._assigned_at[gid] = self.t
+                n = s.group_size
+            g.move(GroupState.GENERATING, self.t)
+            self.running += 1
+            g.replica = a.replica
+            self.unit_groups[a.replica].add(gid)
+            self._set_load(a.replica, self.load[a.replica] + n)
+
+    def _do_train(self, a: StartTrainStep) -> None:
+        self.phase = Phase.TRAINING
+        counts: dict[int, int] = {}
+        for c in a.chunks:
+            if c.executor != PRIMARY:
+                counts[c.executor] = counts.get(c.executor, 0) + len(c.micro_batches)
+        self.step_chunks = counts
+
+    def _do_sync(self, a: SyncWeights) -> None:
+        self.phase = Phase.SYNCING
+        self.pending_sync = None
+
+    def _do_lend(self, a: Lend) -> None:
+        u = a.unit
+        if self.status[u] is not UnitStatus.HOME:
+            raise ValueError(f"unit {u} is {self.status[u].value}; only a home unit can be lent")
+        if u < self.spec.n_replicas and self.load[u]:
+            raise ValueError(f"replica {u} still runs {self.load[u]} responses; drain it first")
+        self.status[u] = UnitStatus.LENDING
+        self.away[self.spec.unit_pool(u)] += 1
+        self.colocated[u] = a.colocated
+        self.draining.discard(u)
+        self._set_accepting(u, False)
+
+    def _do_reclaim(self, a: Reclaim) -> None:
+        u = a.unit
+        if self.status[u] not in (UnitStatus.LENDING, UnitStatus.LENT):
+            raise ValueError(f"unit {u} is {self.status[u].value}; cannot reclaim")
+        self.status[u] = UnitStatus.RECLAIMING
+        self._set_accepting(u, False)
+
+    # -- helpers ---------------------------------------------------------------------
+    def _unload(self, unit: int, gid: int, responses: int) -> None:
+        self.unit_groups[unit].discard(gid)
+        self._set_load(unit, max(0, self.load[unit] - responses))
+
+    def _set_load(self, unit: int, load: int) -> None:
+        self.load[unit] = load
+        if self.accepting[unit]:
+            heapq.heappush(self._heap, (load, unit))
+        if unit < self.spec.n_replicas:
+            if load == 0 and self.status[unit] is UnitStatus.HOME:
+                self.idle_replicas.add(unit)
+            else:
+                self.idle_replicas.discard(unit)
+
+    def _set_accepting(self, unit: int, on: bool) -> None:
+        self.accepting[unit] = on
+        if on:
+            heapq.heappush(self._heap, (self.load[unit], unit))
+        if unit < self.spec.n_replicas:
+            if on and self.load[unit] == 0:
+                self.idle_replicas.add(unit)
+            elif not on:
+                self.idle_replicas.discard(unit)
+
+
+_OBSERVERS = {
+    GroupsCompleted: ClusterState._on_completed,
+    GroupsInterrupted: ClusterState._on_interrupted,
+    TrainStepFinished: ClusterState._on_step,
+    WeightsSynced: ClusterState._on_synced,
+    DeviceLent: ClusterState._on_lent,
+    DeviceReclaimed: ClusterState._on_reclaimed,
+    StageMeasured: ClusterState._on_measured,
+}
+_COMMITTERS = {
+    AssignGroups: ClusterState._do_assign,
+    StartTrainStep: ClusterState._do_train,
+    SyncWeights: ClusterState._do_sync,
+    Lend: ClusterState._do_lend,
+    Reclaim: ClusterState._do_reclaim,
+}

@@ -1,0 +1,110 @@
+"""Splitting work between the primary and auxiliary executors, in proportion to capacity.
+
+Two pure functions:
+
+* ``split_by_capacity`` divides ``n`` indivisible items (prompt groups, micro-batches)
+  in proportion to capacities with the largest-remainder method; ties go to the lower
+  index, so the split is deterministic.
+* ``plan_chunks`` decides how many of a training batch's micro-batches the primary
+  trainer keeps and how many each auxiliary trainer computes.  It applies the two
+  refinements of the veRL RFC that earn their place here:
+
+  - *startup drain*: an auxiliary trainer that is still being brought up (C_in) starts
+    late, so the primary keeps the work it finishes meanwhile (the aux's offset);
+  - *joint tail split*: the primary deals micro-batches round-robin to its ``dp`` ranks,
+    so it only gets faster by whole rounds; the plan tries every round count and gives
+    the remainder to the auxiliaries by water-filling their finish times (offset =
+    start delay + C_grad), keeping the makespan of the slowest executor minimal.
+
+Lazy pull (aux trainers fetching chunks while the step runs) is not modelled: chunks are
+fixed when the step starts, which keeps the merge order fixed too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def split_by_capacity(n: int, capacities: Sequence[float]) -> list[int]:
+    """``n`` items split in proportion to ``capacities`` (largest remainder, stable)."""
+    if n < 0:
+        raise ValueError(f"cannot split a negative count ({n})")
+    if any(c < 0 for c in capacities):
+        raise ValueError(f"capacities must be >= 0: {list(capacities)}")
+    total = float(sum(capacities))
+    if n == 0 or not capacities:
+        return [0] * len(capacities)
+    if total <= 0:
+        raise ValueError("no capacity to split work over")
+    quotas = [n * c / total for c in capacities]
+    shares = [math.floor(q) for q in quotas]
+    left = n - sum(shares)
+    order = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - shares[i]), i))
+    for i in order[:left]:
+        shares[i] += 1
+    return shares
+
+
+@dataclass(frozen=True, slots=True)
+class AuxExecutor:
+    """An auxiliary trainer: it can start after ``delay_s`` and ships its chunk in ``tail_s``."""
+
+    unit: int
+    delay_s: float
+    tail_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlan:
+    primary: int  # micro-batches the primary keeps (the first ones, in order)
+    aux: tuple[int, ...]  # micro-batches per auxiliary executor, in the given order
+    makespan_s: float  # predicted time until the last gradient is at the primary
+    primary_s: float
+
+
+def _aux_makespan(m: int, micro_s: float, offsets: Counter) -> float:
+    """Smallest T such that the auxiliaries can finish ``m`` micro-batches by T."""
+    if m <= 0:
+        return 0.0
+
+    def capacity(t: float) -> int:
+        return sum(n * max(0, math.floor((t - off) / micro_s + 1e-9))
+                   for off, n in offsets.items())
+
+    lo = min(offsets)
+    hi = max(offsets) + m * micro_s
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if capacity(mid) >= m:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def plan_chunks(n_micro: int, primary_micro_s: float, dp: int, aux: Sequence[AuxExecutor],
+                aux_micro_s: float) -> ChunkPlan:
+    """Best split of ``n_micro`` micro-batches (see module docstring)."""
+    if dp < 1:
+        raise ValueError("dp must be >= 1")
+    rounds_all = math.ceil(n_micro / dp)
+    best = ChunkPlan(n_micro, tuple(0 for _ in aux), rounds_all * primary_micro_s,
+                     rounds_all * primary_micro_s)
+    if not aux or n_micro == 0 or aux_micro_s <= 0:
+        return best
+    offsets = Counter(a.delay_s + a.tail_s for a in aux)
+    for rounds in range(rounds_all - 1, -1, -1):
+        n_p = min(n_micro, rounds * dp)
+        t_p = rounds * primary_micro_s
+        t_a = _aux_makespan(n_micro - n_p, aux_micro_s, offsets)
+        span = max(t_p, t_a)
+        if span < best.makespan_s - 1e-9:
+            caps = [max(0, math.floor((t_a - (a.delay_s + a.tail_s)) / aux_micro_s + 1e-9))
+                    for a in aux]
+            best = ChunkPlan(n_p, tuple(split_by_capacity(n_micro - n_p, caps)), span, t_p)
+        elif t_p < t_a:
+            break  # fewer primary rounds only push more onto the slower auxiliaries
+    return best

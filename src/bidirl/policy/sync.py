@@ -1,0 +1,63 @@
+"""``sync``: colocated synchronous GRPO on every device (veRL hybrid engine, TRL).
+
+Every device runs both stages in turn: rollout of batch k with version k on all devices,
+then training of batch k on all devices, then the weight update.  Each phase change
+costs the colocated switch (offload one stage, onload the other) on every device.
+
+Expressed with the same actions as the borrowing policies, marked ``colocated``: in the
+rollout phase the train-pool units are lent as rollout replicas; in the training phase
+the rollout replicas are lent as trainers whose chunks are plain data-parallel shares
+(no C_grad).  Staleness is 0 whatever the bound: a group starts only on the newest
+weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from bidirl.controller.actions import Action, Lend, Reclaim, SyncWeights
+from bidirl.controller.events import Event, TrainStepFinished
+from bidirl.controller.state import ClusterState, Phase, UnitStatus
+from bidirl.core.ledger import Role
+from bidirl.policy.assign import fill_replicas
+from bidirl.policy.base import Policy, batch_micro_batches, build_step, register
+from bidirl.policy.split import AuxExecutor
+
+_OUT = (UnitStatus.LENDING, UnitStatus.LENT)
+
+
+@register("sync")
+class SyncPolicy(Policy):
+    def decide(self, s: ClusterState, event: Event) -> Iterator[Action]:
+        if s.phase is not Phase.IDLE or s.finished:
+            return
+        spec = s.spec
+        if isinstance(event, TrainStepFinished):
+            for u in range(spec.n_replicas):  # trainers go back to being replicas
+                if s.status[u] in _OUT:
+                    yield Reclaim(u)
+        if s.pending_sync is not None:
+            yield SyncWeights(s.pending_sync)
+            return
+        if s.batch_ready(s.next_step):
+            yield from self._train_phase(s)
+            return
+        for u in spec.train_unit_ids():  # rollout phase: every device generates
+            if s.status[u] is UnitStatus.HOME:
+                yield Lend(u, Role.ROLLOUT, colocated=True)
+        yield from fill_replicas(s, s.synced)
+
+    def _train_phase(self, s: ClusterState) -> Iterator[Action]:
+        spec = s.spec
+        for u in spec.train_unit_ids():
+            if s.status[u] in _OUT:
+                yield Reclaim(u)
+        switch = s.est.colocated_switch_s()
+        for u in range(spec.n_replicas):
+            if s.status[u] is UnitStatus.HOME and s.load[u] == 0:
+                yield Lend(u, Role.AUX_TRAIN, colocated=True)
+        if not s.trainer_home():
+            return
+        aux = [AuxExecutor(u, switch if s.status[u] is UnitStatus.LENDING else 0.0, 0.0)
+               for u in range(spec.n_replicas) if s.status[u] in _OUT]
+        yield build_step(s, batch_micro_batches(s), aux)

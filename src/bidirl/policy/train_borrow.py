@@ -1,0 +1,104 @@
+"""``train-borrow``: ``async`` + idle rollout replicas host auxiliary trainers.
+
+Trainer-on-RollPool.  When a step starts while some replicas are idle (the staleness
+bound stops them, or rollout is simply ahead), the policy may lend them as auxiliary
+trainers: each loads the primary's current weights (C_in), computes the gradient of a
+contiguous chunk of the step's micro-batches and ships it to the primary (C_grad); the
+primary merges the chunks in chunk order and alone steps the optimizer.  After the step
+the auxiliaries go home (C_out) and take rollout work again.
+
+``AuxLending`` is the mechanism, shared with ``bidirl`` and ``bidirl-opportunistic``.
+Guided: at step start, try k = 1, 2, 4, ... idle replicas and keep the k with the best
+predicted next-step start (``admission.train_on_roll``), if any beats not borrowing.
+Opportunistic: lend a replica as soon as it runs dry mid-step with nothing admissible to
+do; it joins the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from bidirl.controller.actions import Action, Lend, MicroBatch, Reclaim
+from bidirl.controller.events import Event, GroupsCompleted, TrainStepFinished
+from bidirl.controller.state import ClusterState, Phase, UnitStatus
+from bidirl.core.ledger import Role
+from bidirl.policy import admission
+from bidirl.policy.asynchronous import AsyncPolicy
+from bidirl.policy.base import micro_means, register
+from bidirl.policy.split import AuxExecutor, plan_chunks
+
+
+class AuxLending:
+    """Lend idle rollout replicas as auxiliary trainers."""
+
+    def __init__(self, guided: bool = True) -> None:
+        self.guided = guided
+
+    def actions(self, s: ClusterState, event: Event) -> Iterator[Action]:
+        if isinstance(event, TrainStepFinished):
+            for u in sorted(s.step_chunks):  # their chunk is merged: send them home
+                if s.status[u] is UnitStatus.LENT:
+                    yield Reclaim(u)
+        elif not self.guided and isinstance(event, GroupsCompleted):
+            r = event.replica
+            if (s.spec.aux_trainers and r in s.idle_replicas and s.phase is Phase.TRAINING
+                    and s.next_group(r, s.spec.steps - 1) is None):
+                s.admissions.append(admission.AdmissionDecision(
+                    "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False))
+                yield Lend(r, Role.AUX_TRAIN)
+
+    def for_step(self, s: ClusterState, mbs: Sequence[MicroBatch],
+                 ) -> Iterator[Action]:
+        """Lend auxiliaries for the step about to start; returns the executors to use."""
+        est = s.est
+        c_in = est.switch.estimate("train_on_roll.c_in")
+        c_grad = est.switch.estimate("train_on_roll.c_grad")
+        ready = []
+        for u in range(s.spec.n_replicas):  # once per step
+            if s.status[u] in (UnitStatus.LENDING, UnitStatus.LENT) and not s.colocated[u]:
+                delay = c_in if s.status[u] is UnitStatus.LENDING else 0.0
+                ready.append(AuxExecutor(u, delay, c_grad))
+        new: list[int] = []
+        if self.guided and s.spec.aux_trainers and s.idle_replicas and mbs:
+            new = self._choose(s, mbs, ready, sorted(s.idle_replicas), c_in, c_grad)
+        for u in new:
+            yield Lend(u, Role.AUX_TRAIN)
+        return ready + [AuxExecutor(u, c_in, c_grad) for u in new]
+
+    def _choose(self, s: ClusterState, mbs: Sequence[MicroBatch], ready: list[AuxExecutor],
+                idle: list[int], c_in: float, c_grad: float) -> list[int]:
+        spec, est = s.spec, s.est
+        p_s, a_s = micro_means(s, mbs)
+        n, dp = len(mbs), spec.train_dp
+        step0 = plan_chunks(n, p_s, dp, ready, a_s).makespan_s
+        tokens = est.group_tokens()
+        b1 = s.next_step + 1
+        work = (s.queued_groups(b1) + 0.5 * s.running_groups(b1)) * tokens
+        rate = est.replica_rate()
+        after = est.merge_s() + est.weight_sync_s()
+        best = None
+        k = 1
+        while True:
+            k = min(k, len(idle))
+            free = [AuxExecutor(u, 0.0, 0.0) for u in idle[:k]]
+            paid = [AuxExecutor(u, c_in, c_grad) for u in idle[:k]]
+            plan = plan_chunks(n, p_s, dp, ready + paid, a_s)
+            d = admission.train_on_roll(
+                s.t, k, step0, plan_chunks(n, p_s, dp, ready + free, a_s).makespan_s,
+                plan.makespan_s, after, work, s.home_replicas() * rate, rate,
+                plan.makespan_s, est.switch.estimate("train_on_roll.c_out"))
+            if sum(plan.aux[len(ready):]) < k:
+                d = admission.decide("train_on_roll", s.t, k, d.benefit_s, float("inf"))
+            if best is None or d.net_s > best.net_s:
+                best = d
+            if k == len(idle):
+                break
+            k *= 2
+        s.admissions.append(best)
+        return idle[:best.units] if best.admit else []
+
+
+@register("train-borrow")
+class TrainBorrowPolicy(AsyncPolicy):
+    def __init__(self) -> None:
+        self.aux = AuxLending(guided=True)

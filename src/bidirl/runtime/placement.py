@@ -1,0 +1,94 @@
+"""Where roles go: device ids, units, the controller's ``ClusterSpec``, and the workers.
+
+Devices ``0 .. R-1`` form the rollout pool (one replica per device: tensor-parallel vLLM
+across Ray actors is not supported yet), ``R .. R+T-1`` the training pool (one
+data-parallel rank per device, gloo on CPU / NCCL on CUDA).  Every train device is also a
+lendable unit that can host a borrowed rollout replica.  Workers are placed with a
+placement group so each gets its own core (or GPU).
+"""
+
+from __future__ import annotations
+
+import socket
+
+from bidirl.controller.cluster import ClusterSpec
+from bidirl.runtime.config import ConfigError, TrainConfig
+
+
+def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: int) -> ClusterSpec:
+    r, t = cfg.cluster.rollout_devices, cfg.cluster.train_devices
+    on_gpu = cfg.cluster.device == "cuda"
+    mean_len = cfg.rollout.max_new_tokens // 2
+    return ClusterSpec(
+        hardware="H100-80GB" if on_gpu else "cpu-core",
+        model="tiny-qwen2",
+        devices=r + t,
+        replica_devices=tuple((d,) for d in range(r)),
+        train_devices=tuple(range(r, r + t)),
+        train_units=tuple((d,) for d in range(r, r + t)),
+        rollout_tp=1, train_dp=t, train_tp=1, train_spans_nodes=False,
+        replica_cap=cfg.rollout.max_num_seqs,
+        groups_per_step=cfg.rollout.prompts_per_step,
+        group_size=cfg.rollout.group_size,
+        prompt_tokens=prompt_tokens,
+        staleness=cfg.scheduler.staleness,
+        steps=steps,
+        micro_batch_tokens=cfg.trainer.micro_batch_size * (prompt_tokens + mean_len),
+        max_response_tokens=cfg.rollout.max_new_tokens,
+        devices_per_node=r + t,
+        prior_scale=1.0,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, model_dir: str,
+                  trainer_config: dict, trainer_ckpt=None):
+    """Start one worker per device, host each pool's native role; returns handles."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from bidirl.runtime.worker import worker_class
+
+    n = spec.devices
+    gpu = cfg.cluster.device == "cuda"
+    bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
+    pg = placement_group([bundle] * n, strategy="PACK")
+    try:
+        ray.get(pg.ready(), timeout=120)
+    except Exception as e:
+        raise ConfigError(f"cluster: cannot place {n} device workers ({bundle} each): {e}") from None
+    cls = worker_class(num_cpus=1, num_gpus=1 if gpu else 0)
+    workers = {}
+    for d in range(n):
+        pool = "rollout" if d < len(spec.replica_devices) else "train"
+        workers[d] = cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=d)).remote(
+            d, pool, cfg.trainer.threads, cfg.run.seed)
+    train_devices = list(spec.train_devices)
+    port = _free_port()
+    calls = []
+    for d, w in workers.items():
+        if d in train_devices:
+            rank = train_devices.index(d)
+            calls.append(w.host.remote("train", model_dir=model_dir, config=trainer_config,
+                                       dp_rank=rank, dp_world=len(train_devices), dp_port=port,
+                                       checkpoint=str(trainer_ckpt) if trainer_ckpt else None))
+        else:
+            calls.append(w.host.remote("rollout", **rollout_kwargs))
+    ray.get(calls)
+    if trainer_ckpt is not None:  # rollout replicas start from the checkpoint's weights
+        weights = workers[train_devices[0]].call.remote("train", "weights")
+        version = ray.get(workers[train_devices[0]].call.remote("train", "get_version"))
+        ray.get([workers[d].call.remote("rollout", "update_weights", weights, version)
+                 for d in range(len(spec.replica_devices))])
+
+    def unit_device(u: int) -> int:
+        return spec.unit_devices(u)[0]
+
+    return workers, unit_device, train_devices

@@ -1,0 +1,410 @@
+"""The real runtime: carries out the controller's actions on Ray device workers.
+
+::
+
+    driver process                                   one Ray actor per device
+    +--------------------------------------+         +---------------------------+
+    | Controller (pure)                    |         | DeviceWorker              |
+    |   on_event(e) -> policy -> actions   |         |   roles: rollout (vLLM),  |
+    | RayRuntime                           | remote  |          train (torch),   |
+    |   execute(action) ------------------ | ------> |          aux_train        |
+    |   loop: ray.wait(in-flight calls)    | <------ |   host / release (timed)  |
+    |         results -> events -> queue   | results |   call(role, method, ...) |
+    | GroupStore: prompts, responses,      |         +---------------------------+
+    |   partial prefixes, rewards          |
+    +--------------------------------------+
+
+``execute`` never delivers an event itself: it issues remote calls (or queues an event)
+and returns; the loop delivers queued events one at a time, so the controller is never
+re-entered.  Calls to one device complete in the order they were issued (an actor runs
+one call at a time) and are processed in that order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bidirl.controller.actions import PRIMARY, AssignGroups, Lend, Reclaim, StartTrainStep, SyncWeights
+from bidirl.controller.events import (
+    DeviceLent,
+    DeviceReclaimed,
+    GroupsCompleted,
+    GroupsInterrupted,
+    StageMeasured,
+    Started,
+    TrainStepFinished,
+    WeightsSynced,
+)
+from bidirl.core.ledger import Role
+from bidirl.core.timeline import Activity
+from bidirl.runtime.device_clock import DeviceClock
+from bidirl.runtime.group_store import GroupStore
+
+BORROWED_RUN_BUDGET_S = 0.05  # a lent replica returns often so a reclaim waits little
+HOME_RUN_BUDGET_S = 0.25
+
+
+@dataclass
+class StepRecord:
+    """What the driver saw of one training step (for metrics and audits)."""
+
+    step: int
+    group_ids: tuple[int, ...]
+    rewards: list[float]
+    staleness: list[int]
+    response_tokens: int
+    total_tokens: int
+    started_s: float
+    finished_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    chunks: list[tuple[str, int]] = field(default_factory=list)  # (executor, micro-batches)
+    c_grad_s: list[float] = field(default_factory=list)
+
+
+class RayRuntime:
+    """Runtime protocol on Ray actors (see module docstring)."""
+
+    def __init__(self, *, controller, workers: dict[int, Any], unit_device: Callable[[int], int],
+                 train_devices: list[int], store: GroupStore, new_group: Callable[[int], None],
+                 reward_fn, decode, rollout_kwargs: dict, trainer_kwargs: dict, staleness: int,
+                 group_offset: int = 0, version_offset: int = 0) -> None:
+        import ray
+
+        self.ray = ray
+        self.controller = controller
+        self.spec = controller.state.spec
+        self.workers = workers
+        self.unit_device = unit_device
+        self.train_devices = train_devices
+        self.store, self.new_group = store, new_group
+        self.reward_fn, self.decode = reward_fn, decode
+        self.rollout_kwargs, self.trainer_kwargs = rollout_kwargs, trainer_kwargs
+        self.staleness = staleness
+        self.goff, self.voff = group_offset, version_offset  # resume: local -> global ids
+        self.t0 = time.perf_counter()
+        pools = {d: "rollout" for u in range(self.spec.n_replicas) for d in [unit_device(u)]}
+        pools.update({d: "train" for d in train_devices})
+        self.clock = DeviceClock(pools, {d: "rollout" if p == "rollout" else "train"
+                                         for d, p in pools.items()})
+        self.hosted: dict[int, str] = {u: "rollout" for u in range(self.spec.n_replicas)}
+        self.running: dict[int, int] = {}
+        self.run_ref: dict[int, Any] = {}
+        self.unit_groups: dict[int, set[int]] = {}
+        self.reclaiming: set[int] = set()
+        self.aux_version: dict[int, int] = {}
+        self.rollout_version: dict[int, int] = {u: version_offset for u in range(self.spec.n_replicas)}
+        self.version = version_offset
+        self.steps: dict[int, StepRecord] = {}
+        self.switches: list[tuple[str, float]] = []  # (kind, seconds)
+        self.errors: list[str] = []
+        self._events: deque = deque()
+        self._inflight: dict[Any, tuple[int, int, Callable]] = {}  # ref -> (seq, device, cb)
+        self._fifo: dict[int, deque] = {d: deque() for d in pools}
+        self._busy: dict[int, dict[Any, tuple[str, str]]] = {d: {} for d in pools}
+        self._switching: dict[int, str] = {}
+        self._seq = 0
+        self.on_step: Callable[[StepRecord], None] | None = None
+
+    # -- Runtime protocol -------------------------------------------------------------
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def execute(self, action) -> None:
+        {AssignGroups: self._assign, StartTrainStep: self._train, SyncWeights: self._sync,
+         Lend: self._lend, Reclaim: self._reclaim}[type(action)](action)
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        self._events.append(Started())
+        while True:
+            while self._events:
+                self.controller.on_event(self._events.popleft())
+                self._refresh_clock()
+            if self.controller.finished or should_stop():
+                return
+            if not self._inflight:
+                raise RuntimeError("runtime stalled: nothing in flight, nothing to do, run not finished")
+            self._wait_and_dispatch()
+            self._refresh_clock()
+
+    def _wait_and_dispatch(self) -> None:
+        ray = self.ray
+        refs = list(self._inflight)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=5.0)
+        if not ready:
+            return
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready_set, progressed = set(ready), False
+        for q in self._fifo.values():
+            while q and q[0] in ready_set:
+                ref = q.popleft()
+                _, _, cb = self._inflight.pop(ref)
+                for d in self._busy:
+                    self._busy[d].pop(ref, None)
+                cb(ray.get(ref))
+                progressed = True
+        if not progressed:
+            time.sleep(0.001)
+
+    def _call(self, device: int, cb: Callable, busy: tuple[str, str] | None, fn, *args, **kwargs):
+        ref = fn.remote(*args, **kwargs)
+        refs = ref if isinstance(ref, list) else [ref]
+        last = refs[-1]
+        self._seq += 1
+        self._inflight[last] = (self._seq, device, (lambda _r: cb(self.ray.get(refs)))
+                                if len(refs) > 1 else cb)
+        self._fifo[device].append(last)
+        if busy is not None:
+            self._busy[device][last] = busy
+        return ref
+
+    def _worker(self, device: int):
+        return self.workers[device]
+
+    # -- rollout ------------------------------------------------------------------------
+    def _assign(self, a: AssignGroups) -> None:
+        u, dev = a.replica, self.unit_device(a.replica)
+        reqs = []
+        for gid in a.group_ids:
+            g = gid + self.goff
+            if g not in self.store.groups:
+                self.new_group(g)
+            self.unit_groups.setdefault(u, set()).add(g)
+            if self.store.groups[g].complete:  # restored from a checkpoint
+                self._events.append(self._completed(u, [g]))
+                continue
+            reqs += self.store.requests_for(g)
+        if reqs:
+            self._call(dev, lambda _: None, None, self._worker(dev).call, "rollout", "submit", reqs)
+            self.running[u] = self.running.get(u, 0) + len(reqs)
+            self._ensure_run(u)
+
+    def _ensure_run(self, u: int) -> None:
+        if self.run_ref.get(u) is not None or self.running.get(u, 0) == 0 or u in self.reclaiming:
+            return
+        dev = self.unit_device(u)
+        budget = HOME_RUN_BUDGET_S if u < self.spec.n_replicas else BORROWED_RUN_BUDGET_S
+        self.run_ref[u] = self._call(dev, lambda out: self._on_run(u, out), ("rollout", "rollout"),
+                                     self._worker(dev).call, "rollout", "run", budget)
+
+    def _on_run(self, u: int, out: dict) -> None:
+        self.run_ref[u] = None
+        self.running[u] = out["running"]
+        done = self.store.absorb_finished(out["finished"])
+        done = [g for g in done if g in self.unit_groups.get(u, ())]
+        if done:
+            self._events.append(self._completed(u, done))
+        m = out["measurements"]
+        if m:
+            self._events.append(StageMeasured(
+                "decode", (float(len(m)), float(sum(b for b, _, _ in m)), float(sum(c for _, c, _ in m))),
+                sum(s for _, _, s in m)))
+        self._ensure_run(u)
+
+    def _completed(self, u: int, gids: list[int]) -> GroupsCompleted:
+        for g in gids:
+            self.unit_groups[u].discard(g)
+        lengths = tuple(tuple(len(self.store.groups[g].done[i].token_ids) for i in range(self.store.n))
+                        for g in gids)
+        return GroupsCompleted(u, tuple(g - self.goff for g in gids), lengths)
+
+    def _sync(self, a: SyncWeights) -> None:
+        t_start = self.now()
+        w = self._primary_weights()
+        targets = [u for u, role in self.hosted.items() if role == "rollout" and u not in self.reclaiming]
+        pending = {"n": len(targets)}
+        version = a.version + self.voff
+
+        def done(_):
+            pending["n"] -= 1
+            if pending["n"] == 0:
+                self.version = version
+                self._events.append(WeightsSynced(a.version, self.now() - t_start))
+
+        if not targets:
+            self.version = version
+            self._events.append(WeightsSynced(a.version, 0.0))
+        for u in targets:
+            dev = self.unit_device(u)
+            self.rollout_version[u] = version
+            self._call(dev, done, ("rollout", "weight sync"), self._worker(dev).call,
+                       "rollout", "update_weights", w, version)
+
+    def _primary_weights(self):
+        return self._worker(self.train_devices[0]).call.remote("train", "weights")
+
+    # -- training -----------------------------------------------------------------------
+    def _train(self, a: StartTrainStep) -> None:
+        from bidirl.algo.grpo import group_advantages_lists
+
+        gids = [g + self.goff for g in a.group_ids]
+        rewards = [self.store.score(g, self.reward_fn, self.decode) for g in gids]
+        advs = group_advantages_lists(rewards)
+        samples, stale = [], []
+        for g, adv in zip(gids, advs):
+            rec = self.store.groups[g]
+            v_first = self.store.versions(g)[0]
+            stale.append((a.step + self.voff) - (v_first if v_first is not None else a.step + self.voff))
+            for i in range(rec.n):
+                r = rec.done[i]
+                samples.append({"prompt_ids": rec.prompt_ids, "response_ids": r.token_ids,
+                                "behaviour_logprobs": r.logprobs, "advantage": float(adv[i])})
+        sizes = [mb.samples for mb in a.micro_batches]
+        if sum(sizes) != len(samples):
+            raise RuntimeError(f"step {a.step}: micro-batches cover {sum(sizes)} samples, batch has {len(samples)}")
+        mbs, k = [], 0
+        for n in sizes:
+            mbs.append(samples[k:k + n])
+            k += n
+        total = sum(len(s["response_ids"]) for s in samples)
+        rec = StepRecord(a.step + self.voff, tuple(gids), [x for r in rewards for x in r], stale, total,
+                         sum(len(s["response_ids"]) + len(s["prompt_ids"]) for s in samples), self.now())
+        self.steps[rec.step] = rec
+        # Each chunk -> the devices that compute it; the primary's share is split over DP ranks.
+        jobs: list[tuple[int, str, list]] = []  # (device, role, micro-batches) in merge order
+        for c in a.chunks:
+            chunk_mbs = [mbs[i] for i in c.micro_batches]
+            rec.chunks.append((str(c.executor), len(chunk_mbs)))
+            if c.executor == PRIMARY:
+                dp = len(self.train_devices)
+                for r, dev in enumerate(self.train_devices):
+                    jobs.append((dev, "train", chunk_mbs[r::dp] if dp > 1 else chunk_mbs))
+            else:
+                jobs.append((self.unit_device(c.executor), "aux_train", chunk_mbs))
+        state = {"left": len(jobs), "refs": [None] * len(jobs)}
+        w = None
+        for j, (dev, role, chunk_mbs) in enumerate(jobs):
+            if role == "aux_train" and self.aux_version.get(dev) != self.version:
+                w = w or self._primary_weights()
+                self._call(dev, lambda _: None, ("aux_train", "load weights"), self._worker(dev).call,
+                           "aux_train", "set_weights", w, self.version)
+                self.aux_version[dev] = self.version
+            refs = self._call(dev, lambda res, j=j, role=role: self._on_chunk(a, rec, state, j, role, res),
+                              (role, f"train step {rec.step}"),
+                              self._worker(dev).call.options(num_returns=2), role, "compute_chunk_ref",
+                              chunk_mbs, total)
+            state["refs"][j] = (dev, role, refs[0])
+
+    def _on_chunk(self, a, rec: StepRecord, state: dict, j: int, role: str, res) -> None:
+        _, timings = res
+        stage = "train_micro" if role == "train" else "aux_micro"
+        for tokens, seq, secs in timings:
+            self._events.append(StageMeasured(stage, (1.0, float(tokens), float(tokens * seq)), secs))
+        state["left"] -= 1
+        if state["left"]:
+            return
+        # Every chunk is computed: each DP rank merges, rank 0 also the auxiliary chunks, in order.
+        jobs = state["refs"]
+        aux_refs = [ref for dev, role, ref in jobs if role == "aux_train"]
+        pending = {"n": len(self.train_devices)}
+
+        def applied(out, rank):
+            metrics, c_grad = out
+            if rank == 0:
+                rec.metrics, rec.c_grad_s = metrics, c_grad
+                for s in c_grad:
+                    self._events.append(StageMeasured("train_on_roll.c_grad", (), s))
+            pending["n"] -= 1
+            if pending["n"] == 0:
+                rec.finished_s = self.now()
+                self.version = a.step + 1 + self.voff
+                self._events.append(TrainStepFinished(a.step, a.step + 1, rec.finished_s - rec.started_s))
+                if self.on_step:
+                    self.on_step(rec)
+
+        for rank, dev in enumerate(self.train_devices):
+            own = [ref for d, role, ref in jobs if role == "train" and d == dev]
+            nested = [own + (aux_refs if rank == 0 else [])]
+            self._call(dev, lambda out, rank=rank: applied(out, rank), ("train", f"train step {rec.step}"),
+                       self._worker(dev).call, "train", "apply_refs", nested, len(own))
+
+    # -- borrowing ----------------------------------------------------------------------
+    def _lend(self, a: Lend) -> None:
+        u, dev = a.unit, self.unit_device(a.unit)
+        role = "rollout" if a.role is Role.ROLLOUT else "aux_train"
+        w = self._primary_weights()
+        kwargs = dict(self.rollout_kwargs) if role == "rollout" else {"model_dir": self.trainer_kwargs["model_dir"],
+                                                                      "config": self.trainer_kwargs.get("config")}
+        kwargs.update(weights=w, version=self.version)
+        self._switching[dev] = "C_in"
+
+        def done(seconds):
+            self._switching.pop(dev, None)
+            self.hosted[u] = role
+            if role == "rollout":
+                self.rollout_version[u] = kwargs["version"]
+            if role == "aux_train":
+                self.aux_version[dev] = self.version
+            kind = "colocated" if a.colocated else ("roll_on_train" if role == "rollout" else "train_on_roll")
+            self.switches.append((f"{kind}.c_in", seconds))
+            self._events.append(DeviceLent(u, a.role, seconds))
+
+        self._call(dev, done, None, self._worker(dev).host, role, **kwargs)
+
+    def _reclaim(self, a: Reclaim) -> None:
+        u, dev = a.unit, self.unit_device(a.unit)
+        role = self.hosted.get(u)
+        if role is None:
+            raise RuntimeError(f"reclaim of unit {u}, which hosts no borrowed role")
+        self.reclaiming.add(u)
+
+        def done(out):
+            seconds, partials = out
+            self._switching.pop(dev, None)
+            self.reclaiming.discard(u)
+            if u < self.spec.n_replicas:  # back to its native role, which stayed resident
+                self.hosted[u] = "rollout"
+                if self.rollout_version.get(u, self.voff) != self.version:
+                    self._call(dev, lambda _: None, ("rollout", "weight sync"), self._worker(dev).call,
+                               "rollout", "update_weights", self._primary_weights(), self.version)
+                    self.rollout_version[u] = self.version
+            else:
+                del self.hosted[u]
+            kind = "colocated" if self.controller.state.colocated[u] else (
+                "roll_on_train" if role == "rollout" else "train_on_roll")
+            self.switches.append((f"{kind}.c_out", seconds))
+            if role == "rollout":
+                self.running[u] = 0
+                self.run_ref[u] = None
+                self.store.absorb_partials(partials or [])
+                gids = sorted(g for g in self.unit_groups.pop(u, set()) if not self.store.groups[g].complete)
+                if gids:
+                    self._events.append(GroupsInterrupted(
+                        u, tuple(g - self.goff for g in gids),
+                        tuple(self.store.versions(g)[2] for g in gids),
+                        tuple(self.store.n - len(self.store.groups[g].done) for g in gids)))
+            self._events.append(DeviceReclaimed(u, Role.ROLLOUT if role == "rollout" else Role.AUX_TRAIN,
+                                                seconds))
+
+        def start(_=None):
+            self._switching[dev] = "C_out"
+
+        start()
+        self._call(dev, done, None, self._worker(dev).release, role)
+
+    # -- device time ----------------------------------------------------------------------
+    def _refresh_clock(self) -> None:
+        t = self.now()
+        for dev in self._fifo:
+            native = self.clock.pools[dev]
+            unit = self._unit_of(dev)
+            role = self.hosted.get(unit, native) if unit is not None else native
+            if dev in self._switching:
+                self.clock.set(dev, Activity.SWITCHING, role, self._switching[dev], t)
+            elif self._busy[dev]:
+                r, label = next(reversed(self._busy[dev].values()))
+                self.clock.set(dev, Activity.BUSY, r, label, t)
+            else:
+                borrowed_replica = native == "train" and role == "rollout"
+                cause = self.controller.idle_cause(unit if native == "rollout" or borrowed_replica else None)
+                self.clock.set(dev, Activity.IDLE, role, cause, t)
+
+    def _unit_of(self, dev: int) -> int | None:
+        for u in range(self.spec.n_units):
+            if self.unit_device(u) == dev:
+                return u
+        return None

@@ -1,0 +1,104 @@
+"""Per-step reporting of a real run: metrics, progress line, ledger, checkpoints, outputs.
+
+Metric names follow veRL's dashboards (``timing_s/step``, ``perf/throughput``,
+``trainer/idle_ratio``...) so users can read them where they are used to.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+from bidirl.obs.accounting import idle_ratios
+from bidirl.obs.metrics import MetricsLogger
+from bidirl.obs.progress import ProgressLine
+
+
+class StepReporter:
+    def __init__(self, session, rt, cfg, workers, unit_device) -> None:
+        self.session, self.rt, self.cfg = session, rt, cfg
+        self.workers, self.unit_device = workers, unit_device
+        self.metrics = MetricsLogger(session.run_dir, tensorboard="auto" if cfg.run.tensorboard else "none")
+        self.progress = ProgressLine(cfg.run.steps, start_step=session.start_step)
+        self.ledger = session.ledger_path.open("a")
+        self._last_t = 0.0
+
+    def on_step(self, rec) -> None:
+        """Called by the runtime when the primary trainer has applied step ``rec.step``."""
+        cfg, rt, s = self.cfg, self.rt, self.session
+        for g, st in zip(rec.group_ids, rec.staleness):
+            self.ledger.write(json.dumps({"group": g, "step": rec.step, "staleness": st}) + "\n")
+        self.ledger.flush()
+        for g in rec.group_ids:
+            rt.store.pop(g)
+        reward = statistics.mean(rec.rewards)
+        s.rewards_by_step[rec.step] = reward
+        now = rt.now()
+        step_s = now - self._last_t
+        self._last_t = now
+        intervals = rt.clock.intervals
+        ratios = idle_ratios(intervals) if intervals else {}
+        est = rt.controller.state.est
+        sw = {}
+        for kind, secs in rt.switches:
+            sw.setdefault(kind, []).append(secs)
+        m = {
+            "reward/mean": reward,
+            "reward/max": max(rec.rewards), "reward/min": min(rec.rewards),
+            "timing_s/step": step_s,
+            "timing_s/train": rec.finished_s - rec.started_s,
+            "perf/throughput": rec.total_tokens / step_s if step_s > 0 else 0.0,
+            "perf/response_tokens": rec.response_tokens,
+            "trainer/idle_ratio": ratios.get("train", 0.0),
+            "rollout/idle_ratio": ratios.get("rollout", 0.0),
+            "staleness/mean": statistics.mean(rec.staleness),
+            "staleness/max": max(rec.staleness),
+            "borrow/aux_chunks": sum(1 for ex, _ in rec.chunks if ex != "primary"),
+            "stage_model/decode_median_error": est.rollout.decode.median_rel_error(),
+            "stage_model/train_median_error": est.train.micro.median_rel_error(),
+        }
+        for k in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm"):
+            if k in rec.metrics:
+                m[f"actor/{k}"] = rec.metrics[k]
+        for kind, vals in sw.items():
+            m[f"switch/{kind.replace('.', '/')}_s"] = statistics.median(vals)
+        for kind in ("c_in", "c_out"):
+            vals = [v for k, vs in sw.items() if k.endswith(kind) for v in vs]
+            if vals:
+                m[f"switch/{kind}_s"] = statistics.median(vals)
+        if rec.c_grad_s:
+            m["switch/c_grad_s"] = statistics.median(rec.c_grad_s)
+        self.metrics.log(rec.step, m)
+        self.progress.update(rec.step + 1, reward=reward, tokens_per_s=m["perf/throughput"],
+                             idle_ratios=ratios, staleness_mean=m["staleness/mean"],
+                             staleness_max=m["staleness/max"])
+        every = cfg.run.checkpoint_every
+        if every and ((rec.step + 1) % every == 0) and rec.step + 1 < cfg.run.steps:
+            s.checkpoint(rec.step + 1, rt, self.workers, self.unit_device)
+
+    def close(self) -> None:
+        self.progress.close()
+        self.ledger.close()
+
+    def finish(self, summary: dict, intervals) -> None:
+        """Final metrics, trace, timeline and summary files."""
+        cfg, run_dir = self.cfg, self.session.run_dir
+        final = {"final/stage_model_median_error/" + k: v
+                 for k, v in summary["stage_model_median_error"].items() if v is not None}
+        final["final/wall_s"] = summary["wall_s"]
+        final["final/tokens_per_s"] = summary["tokens_per_s"]
+        self.metrics.log(cfg.run.steps, final)
+        self.metrics.close()
+        if intervals:
+            from bidirl.obs.trace import write_chrome_trace
+
+            write_chrome_trace(intervals, run_dir / "trace.json", process_name="bidirl train")
+            if cfg.run.plot:
+                from bidirl.obs.timeline_plot import plot_timeline
+
+                plot_timeline(intervals, run_dir / "timeline.png",
+                              title=f"bidirl train ({cfg.scheduler.policy}), {summary['wall_s']:.0f} s")
+        out = dict(summary)
+        out["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        (run_dir / "summary.json").write_text(json.dumps(out, indent=1, default=str))

@@ -1,0 +1,216 @@
+"""One real training run: workers, controller, runtime, metrics, checkpoints, outputs.
+
+Resuming: a checkpoint is taken at a step boundary and holds the primary trainer
+(weights as safetensors, optimizer, version), the prompt cursor, and every group that was
+created but not yet trained — complete ones with their responses, in-flight ones with
+their partial prefixes (snapshotted from the replicas without aborting them).  A resumed
+run starts a fresh controller whose group ids and versions are offset by the checkpoint's
+step, so the scheduling state needs no serialisation, and the ledger of trained groups is
+cut back to the checkpoint: no group is lost, none is trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bidirl.runtime.config import TrainConfig
+
+
+class TrainSession:
+    def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool = False) -> None:
+        self.cfg, self.run_dir, self.resume = cfg, Path(run_dir), resume
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.start_step = 0
+        self.rewards_by_step: dict[int, float] = {}
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _latest_checkpoint(self) -> Path | None:
+        if not self.ckpt_root.is_dir():
+            return None
+        done = sorted((p for p in self.ckpt_root.glob("step_*") if (p / "COMPLETE").is_file()),
+                      key=lambda p: int(p.name.split("_")[1]))
+        return done[-1] if done else None
+
+    def run(self) -> dict:
+        from bidirl.algo.data import PromptCursor
+        from bidirl.algo.tiny_model import encode_prompt, load_tokenizer
+        from bidirl.runtime.cluster import ray_session
+        from bidirl.runtime.group_store import GroupStore
+        from bidirl.runtime.train import prepare_data, prepare_model
+
+        cfg = self.cfg
+        model_dir = prepare_model(cfg)
+        rows, reward_fn = prepare_data(cfg)
+        tok = load_tokenizer(model_dir)
+        cursor = PromptCursor(rows, seed=cfg.data.seed)
+        store = GroupStore(cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
+                           cfg.run.seed)
+        ckpt = self._latest_checkpoint() if self.resume else None
+        if ckpt is not None:
+            state = json.loads((ckpt / "state.json").read_text())
+            cursor.load_state_dict(state["cursor"])
+            store.load_state_dict(state["store"])
+            self.start_step = state["next_step"]
+            self.rewards_by_step = {int(k): v for k, v in state.get("rewards_by_step", {}).items()}
+            self._truncate_ledger(self.start_step)
+            print(f"[bidirl] resuming from {ckpt} at step {self.start_step} "
+                  f"({len(store.groups)} buffered or in-flight groups)", file=sys.stderr)
+        elif self.resume:
+            print("[bidirl] no complete checkpoint yet: starting from step 0", file=sys.stderr)
+            self._truncate_ledger(0)
+        remaining = cfg.run.steps - self.start_step
+        if remaining <= 0:
+            return self._summary(0.0, None, [])
+        prompt_ids = {}
+
+        def new_group(gid: int) -> None:
+            item = cursor.next()
+            key = item.index
+            if key not in prompt_ids:
+                prompt_ids[key] = encode_prompt(tok, item.row.messages)
+            store.add(gid, item.uid, prompt_ids[key], item.row.data_source, item.row.ground_truth,
+                      item.row.extra_info)
+
+        def decode(ids):
+            return tok.decode(ids, skip_special_tokens=True)
+
+        self._cursor, self._store = cursor, store
+        with ray_session(cfg.cluster.ray_address, num_cpus=cfg.cluster.rollout_devices + cfg.cluster.train_devices):
+            return self._run_cluster(model_dir, ckpt, remaining, store, new_group, reward_fn, decode, rows, tok)
+
+    def _run_cluster(self, model_dir, ckpt, remaining, store, new_group, reward_fn, decode, rows, tok) -> dict:
+        import ray
+
+        from bidirl.controller.loop import Controller
+        from bidirl.policy.base import make_policy
+        from bidirl.runtime.placement import build_spec, start_workers
+        from bidirl.runtime.ray_runtime import RayRuntime
+
+        cfg = self.cfg
+        mean_prompt = statistics.mean(len(tok.apply_chat_template(list(r.messages), add_generation_prompt=True))
+                                      for r in rows[:64])
+        spec = build_spec(cfg, remaining, int(mean_prompt))
+        rollout_kwargs = dict(model_dir=model_dir, max_num_seqs=cfg.rollout.max_num_seqs,
+                              max_model_len=int(mean_prompt) * 4 + cfg.rollout.max_new_tokens + 64,
+                              dtype=cfg.model.dtype)
+        trainer_config = dict(lr=cfg.trainer.lr, max_grad_norm=cfg.trainer.max_grad_norm,
+                              clip_eps_low=cfg.trainer.clip_eps_low, clip_eps_high=cfg.trainer.clip_eps_high,
+                              kl_coef=cfg.trainer.kl_coef, weight_decay=cfg.trainer.weight_decay,
+                              seed=cfg.run.seed)
+        t_boot = time.perf_counter()
+        workers, unit_device, train_devices = start_workers(cfg, spec, rollout_kwargs, model_dir, trainer_config,
+                                                           ckpt / "trainer" if ckpt else None)
+        print(f"[bidirl] {len(workers)} device workers up in {time.perf_counter() - t_boot:.1f} s "
+              f"(policy {cfg.scheduler.policy}, staleness {cfg.scheduler.staleness})", file=sys.stderr)
+        controller = Controller(spec, make_policy(cfg.scheduler.policy))
+        rt = RayRuntime(controller=controller, workers=workers, unit_device=unit_device,
+                        train_devices=train_devices, store=store, new_group=new_group, reward_fn=reward_fn,
+                        decode=decode, rollout_kwargs=rollout_kwargs,
+                        trainer_kwargs={"model_dir": model_dir, "config": trainer_config},
+                        staleness=cfg.scheduler.staleness,
+                        group_offset=self.start_step * cfg.rollout.prompts_per_step,
+                        version_offset=self.start_step)
+        controller.bind(rt)
+        from bidirl.runtime.reporting import StepReporter
+
+        reporter = StepReporter(self, rt, cfg, workers, unit_device)
+        rt.on_step = reporter.on_step
+        t0 = time.perf_counter()
+        try:
+            rt.run()
+        finally:
+            wall = time.perf_counter() - t0
+            intervals = rt.clock.close(rt.now())
+            reporter.close()
+        summary = self._summary(wall, rt, intervals)
+        reporter.finish(summary, intervals)
+        del ray
+        return summary
+
+    # -- ledger and summary ---------------------------------------------------------------
+    @property
+    def ledger_path(self) -> Path:
+        return self.run_dir / "trained_groups.jsonl"
+
+    def _truncate_ledger(self, next_step: int) -> None:
+        if not self.ledger_path.is_file():
+            return
+        keep = [ln for ln in self.ledger_path.read_text().splitlines()
+                if ln.strip() and json.loads(ln)["step"] < next_step]
+        self.ledger_path.write_text("".join(k + "\n" for k in keep))
+
+    def audit(self) -> dict:
+        """Every group of every step trained exactly once; staleness within the bound."""
+        cfg = self.cfg
+        seen: dict[int, int] = {}
+        worst = 0
+        if self.ledger_path.is_file():
+            for ln in self.ledger_path.read_text().splitlines():
+                rec = json.loads(ln)
+                seen[rec["group"]] = seen.get(rec["group"], 0) + 1
+                worst = max(worst, rec["staleness"])
+        expected = set(range(cfg.run.steps * cfg.rollout.prompts_per_step))
+        lost = sorted(expected - set(seen))
+        twice = sorted(g for g, c in seen.items() if c > 1)
+        return {"groups_expected": len(expected), "groups_trained": len(seen), "groups_lost": len(lost),
+                "trained_twice": len(twice), "max_staleness": worst,
+                "staleness_ok": worst <= cfg.scheduler.staleness,
+                "ok": not lost and not twice and worst <= cfg.scheduler.staleness}
+
+    def _summary(self, wall: float, rt, intervals) -> dict:
+        from bidirl.obs.accounting import borrow_counts, idle_ratios
+
+        audit = self.audit()
+        rewards = [self.rewards_by_step[k] for k in sorted(self.rewards_by_step)]
+        tokens = sum(r.total_tokens for r in rt.steps.values()) if rt else 0
+        return {
+            "steps": self.cfg.run.steps, "wall_s": round(wall, 2),
+            "reward_first": rewards[0] if rewards else None,
+            "reward_last": statistics.mean(rewards[-3:]) if rewards else None,
+            "rewards": rewards, "tokens_per_s": round(tokens / wall, 1) if wall else 0.0,
+            "groups_trained": audit["groups_trained"], "audit": audit, "audit_ok": audit["ok"],
+            "idle_ratio": idle_ratios(intervals) if intervals else {},
+            "borrows": borrow_counts(intervals) if intervals else {},
+            "stage_model_median_error": rt.controller.state.est.median_errors() if rt else {},
+            "switches": rt.switches if rt else [],
+        }
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def checkpoint(self, next_step: int, rt, workers, unit_device) -> Path:
+        """Snapshot trainer, cursor, buffered and in-flight groups at a step boundary."""
+        import ray
+
+        out = self.ckpt_root / f"step_{next_step}"
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        primary = workers[rt.train_devices[0]]
+        ray.get(primary.call.remote("train", "save", str(out / "trainer")))
+        partials = []
+        for u, role in rt.hosted.items():
+            if role == "rollout":
+                partials += ray.get(workers[unit_device(u)].call.remote("rollout", "snapshot"))
+        store = self._store
+        offset = next_step * self.cfg.rollout.prompts_per_step
+        state = store.state_dict()
+        state["groups"] = [g for g in state["groups"] if g["group_id"] >= offset]
+        by_gid = {g["group_id"]: g for g in state["groups"]}
+        from dataclasses import asdict
+
+        for p in partials:
+            g = by_gid.get(p.group_id)
+            if g is not None and all(r["index"] != p.index for r in g["done"]):
+                g["partial"] = [r for r in g["partial"] if r["index"] != p.index] + [asdict(p)]
+        payload = {"next_step": next_step, "cursor": self._cursor.state_dict(), "store": state,
+                   "rewards_by_step": self.rewards_by_step}
+        (out / "state.json").write_text(json.dumps(payload))
+        (out / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
+        for old in self.ckpt_root.glob("step_*"):  # keep the newest two
+            if old != out and int(old.name.split("_")[1]) < next_step - 1:
+                shutil.rmtree(old, ignore_errors=True)
+        return out

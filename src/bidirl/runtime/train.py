@@ -1,0 +1,96 @@
+"""``bidirl train``: a real GRPO run, driven by the same controller as the simulator.
+
+The run, in order: resolve and validate the config -> build (or take) the model ->
+load the prompts -> start Ray on loopback -> one device worker per device, each hosting
+its pool's role -> controller + policy + RayRuntime -> run until the last step ->
+write the trace, the timeline, the final metrics and a checkpoint.  Everything lands in
+the run directory (``runs/<time>`` by default)::
+
+    config.yaml  metrics.jsonl  events.out.tfevents.*  trace.json  timeline.png
+    trained_groups.jsonl (ledger audit)  summary.json  checkpoints/step_<k>/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from bidirl.runtime.config import ConfigError, TrainConfig, load_config
+
+MODELS_CACHE = Path(os.environ.get("BIDIRL_CACHE", Path.home() / ".cache" / "bidirl")) / "models"
+
+
+def prepare_model(cfg: TrainConfig) -> str:
+    """A local HF model directory: the user's, or bidirl's tiny model plus a warm start."""
+    if cfg.model.path:
+        return str(Path(cfg.model.path).resolve())
+    from bidirl.algo.tiny_model import build_tiny_model
+    from bidirl.algo.warm_start import warm_start
+
+    base = MODELS_CACHE / f"tiny-L{cfg.model.tiny_layers}-H{cfg.model.tiny_hidden}"
+    build_tiny_model(base, layers=cfg.model.tiny_layers, hidden=cfg.model.tiny_hidden)
+    if cfg.model.warm_start_steps <= 0:
+        return str(base)
+    tasks = (cfg.data.task,) if cfg.data.task and not cfg.data.files else ("copy",)
+    out = MODELS_CACHE / f"{base.name}-sft-{'-'.join(tasks)}-{cfg.model.warm_start_steps}"
+    print(f"[bidirl] warm start: {cfg.model.warm_start_steps} SFT steps on {tasks} -> {out}", file=sys.stderr)
+    warm_start(base, out, tasks=tasks, steps=cfg.model.warm_start_steps, seed=cfg.run.seed)
+    return str(out)
+
+
+def prepare_data(cfg: TrainConfig):
+    """(rows, reward_fn): validated prompt rows and the veRL-style reward function."""
+    from bidirl.algo import tasks as task_lib
+    from bidirl.algo.data import load_dataset, load_reward_fn, validate_row
+
+    if cfg.data.files:
+        rows = [r for f in cfg.data.files for r in load_dataset(f)]
+    else:
+        try:
+            task = task_lib.get_task(cfg.data.task)
+        except (KeyError, ValueError):
+            raise ConfigError(f"data.task: {cfg.data.task!r} not allowed; one of "
+                              f"{', '.join(task_lib.task_names())}") from None
+        rows = [validate_row(r, f"<task {task.name}>", i)
+                for i, r in enumerate(task.rows(4096, seed=cfg.data.seed))]
+    reward_fn = (load_reward_fn(cfg.data.reward_fn, cfg.data.reward_fn_name)
+                 if cfg.data.reward_fn else task_lib.compute_score)
+    return rows, reward_fn
+
+
+def resolve_run_dir(cfg: TrainConfig, resume: str | None, run_dir: str | None) -> Path:
+    if resume:
+        p = Path(resume)
+        if not (p / "config.yaml").is_file():
+            raise ConfigError(f"--resume: {p} is not a bidirl run directory (no config.yaml)")
+        return p
+    p = Path(run_dir or cfg.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    if p.exists() and any(p.iterdir()):
+        raise ConfigError(f"run directory {p} exists and is not empty; use --resume {p} or another --run-dir")
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def main(args) -> int:
+    if args.resume:
+        run_dir = resolve_run_dir(None, args.resume, None)
+        cfg = load_config(str(run_dir / "config.yaml"), list(args.overrides or []))
+    else:
+        cfg = load_config(args.config, list(args.overrides or []))
+        run_dir = resolve_run_dir(cfg, None, args.run_dir)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    if args.ray_address:
+        cfg.cluster.ray_address = args.ray_address
+    from bidirl.runtime.session import TrainSession
+
+    session = TrainSession(cfg, run_dir, resume=bool(args.resume))
+    summary = session.run()
+    print(json.dumps({k: summary[k] for k in ("steps", "wall_s", "reward_first", "reward_last",
+                                              "tokens_per_s", "groups_trained", "audit_ok")}, indent=1))
+    print(f"[bidirl] run directory: {run_dir}", file=sys.stderr)
+    return 0 if summary["audit_ok"] else 1

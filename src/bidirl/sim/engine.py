@@ -1,0 +1,193 @@
+"""One simulated rollout replica: continuous batching, advanced analytically.
+
+A replica runs up to ``cap`` responses at once.  Each decode step produces one token for
+every running response and takes ``a + c*b + k*S`` seconds (``perf.stage_models``:
+``b`` running responses, ``S`` the sum of their contexts).  Between two events the
+running set is constant, so ``m`` steps take the closed form
+
+    T(m) = m (a + c b + k S0) + k b m (m - 1) / 2          (contexts grow by 1 per step)
+
+and the engine jumps from one response completion to the next instead of stepping
+token by token.  Responses are kept sorted by the step index at which they finish; the
+sum of contexts is an aggregate (``S = base_sum + b * k`` with ``base = context at
+admission - step at admission``), so advancing costs O(1) per finished response.
+
+The step counter ``k`` is real-valued: an external event (a new group, a weight-sync
+pause, a reclaim) can cut a step, and the closed form is exactly additive across such
+cuts.  A reclaim keeps only whole steps (the step in flight is lost, as with an abort).
+The runtime is told only when a whole *group* completes; ``next_event_time`` looks ahead
+through the sorted finish steps without changing state.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import insort
+
+_EPS = 1e-9
+
+
+class ReplicaEngine:
+    """Analytic continuous-batching state of one replica (see module docstring)."""
+
+    __slots__ = ("theta", "cap", "prompt", "k", "t", "b", "base_sum", "fin", "groups",
+                 "group_heap", "noise", "version", "decode_acc")
+
+    def __init__(self, theta: tuple[float, float, float], cap: int, prompt_tokens: int,
+                 t: float = 0.0, version: int = 0) -> None:
+        self.theta = theta
+        self.cap = cap
+        self.prompt = prompt_tokens
+        self.k = 0.0  # decode steps done so far
+        self.t = t  # time at which ``k`` holds (ahead of the clock while stalled)
+        self.b = 0
+        self.base_sum = 0.0
+        # Running responses, sorted: (finish step, group, response index, admit step, base)
+        self.fin: list[tuple[float, int, int, float, float]] = []
+        # group -> [responses running, lengths, tokens of finished responses, last finish]
+        self.groups: dict[int, list] = {}
+        self.group_heap: list[tuple[float, int]] = []  # (last finish step, group), lazy
+        self.noise = 1.0  # time multiplier for the current plan (set by the runtime)
+        self.version = version
+        self.decode_acc = [0.0, 0.0, 0.0, 0.0]  # summed features (m, mb, S-term) and seconds
+
+    @property
+    def running(self) -> int:
+        return self.b
+
+    def admit(self, gid: int, lengths: tuple[int, ...], prefixes: dict[int, int] | None,
+              ) -> int:
+        """Add a group's responses (``prefixes``: response -> tokens already generated,
+        for a resumed partial group).  Returns the prefill tokens it needs."""
+        k, prompt = self.k, self.prompt
+        todo = range(len(lengths)) if prefixes is None else sorted(prefixes)
+        n = 0
+        prefill = prompt
+        last = k
+        for i in todo:
+            p = 0 if prefixes is None else prefixes[i]
+            base = prompt + p - k
+            f = k + lengths[i] - p
+            insort(self.fin, (f, gid, i, k, base))
+            self.base_sum += base
+            prefill += p
+            n += 1
+            last = max(last, f)
+        self.b += n
+        done_tokens = 0 if prefixes is None else sum(
+            lengths[i] for i in range(len(lengths)) if i not in prefixes)
+        self.groups[gid] = [n, lengths, done_tokens, last]
+        heapq.heappush(self.group_heap, (last, gid))
+        return prefill
+
+    def stall(self, now: float, seconds: float) -> None:
+        """Decode stops for ``seconds`` from ``now`` (prefill, weight update)."""
+        self.t = max(self.t, now) + seconds
+
+    def _segment(self, m: float) -> float:
+        a, c, kk = self.theta
+        b = self.b
+        s0 = self.base_sum + b * self.k
+        return m * (a + c * b + kk * s0) + kk * b * m * (m - 1) * 0.5
+
+    def advance(self, until: float) -> list[int]:
+        """Run decode steps up to time ``until``; returns the groups that completed."""
+        done: list[int] = []
+        if until <= self.t:
+            return done
+        a, c, kk = self.theta
+        fin, groups, nz, acc = self.fin, self.groups, self.noise, self.decode_acc
+        tol = _EPS * max(1.0, until)
+        while fin:
+            f = fin[0][0]
+            m = f - self.k
+            b = self.b
+            s0 = self.base_sum + b * self.k
+            s_term = m * s0 + b * m * (m - 1) * 0.5
+            dt = nz * (m * (a + c * b) + kk * s_term)
+            if self.t + dt > until + tol:
+                self._partial(until, b, s0)
+                return done
+            self.t += dt
+            self.k = f
+            acc[0] += m
+            acc[1] += m * b
+            acc[2] += s_term
+            acc[3] += dt
+            e = fin.pop(0)
+            self.b -= 1
+            self.base_sum -= e[4]
+            g = groups[e[1]]
+            g[0] -= 1
+            g[2] += g[1][e[2]]
+            if g[0] == 0:
+                del groups[e[1]]
+                done.append(e[1])
+        self.t = until
+        return done
+
+    def _partial(self, until: float, b: int, s0: float) -> None:
+        """Advance the whole and fractional steps that fit before ``until``."""
+        a, c, kk = self.theta
+        budget = (until - self.t) / self.noise
+        lin = a + c * b + kk * (s0 - b * 0.5)
+        quad = kk * b * 0.5
+        m = 2 * budget / (lin + math.sqrt(lin * lin + 4 * quad * budget))
+        acc = self.decode_acc
+        acc[0] += m
+        acc[1] += m * b
+        acc[2] += m * s0 + b * m * (m - 1) * 0.5
+        acc[3] += until - self.t
+        self.k += m
+        self.t = until
+
+    def next_event_time(self) -> float | None:
+        """When the next group completes if nothing else happens (no state change)."""
+        if not self.fin:
+            return None
+        heap, groups = self.group_heap, self.groups
+        while heap[0][1] not in groups or groups[heap[0][1]][3] != heap[0][0]:
+            heapq.heappop(heap)  # completed or interrupted since it was pushed
+        target = heap[0][0]
+        a, c, kk = self.theta
+        t, k, b, bs, nz = self.t, self.k, self.b, self.base_sum, self.noise
+        for e in self.fin:
+            f = e[0]
+            m = f - k
+            s0 = bs + b * k
+            t += nz * (m * (a + c * b) + kk * (m * s0 + b * m * (m - 1) * 0.5))
+            k = f
+            b -= 1
+            bs -= e[4]
+            if f >= target:
+                return t
+        return t
+
+    def interrupt(self) -> list[tuple[int, int, dict[int, int]]]:
+        """Abort everything (call ``advance`` first).  Returns, per group, the response
+        tokens generated so far and the prefixes of its unfinished responses."""
+        out: dict[int, dict[int, int]] = {}
+        for f, gid, i, k_admit, base in self.fin:
+            length = self.groups[gid][1][i]
+            p0 = int(round(base + k_admit - self.prompt))
+            steps = int(math.floor(self.k - k_admit + _EPS))
+            out.setdefault(gid, {})[i] = min(p0 + steps, length - 1)
+        result = []
+        for gid in sorted(out):
+            tokens = self.groups[gid][2] + sum(out[gid].values())
+            result.append((gid, tokens, out[gid]))
+        self.fin.clear()
+        self.groups.clear()
+        self.group_heap.clear()
+        self.b = 0
+        self.base_sum = 0.0
+        return result
+
+    def take_decode_measurement(self) -> tuple[tuple[float, float, float], float] | None:
+        acc = self.decode_acc
+        if acc[0] <= 0:
+            return None
+        out = ((acc[0], acc[1], acc[2]), acc[3])
+        self.decode_acc = [0.0, 0.0, 0.0, 0.0]
+        return out

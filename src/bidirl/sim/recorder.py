@@ -1,0 +1,62 @@
+"""Device-time recorder: every device's activity as intervals tiling ``[0, wall]``.
+
+Each device is always in exactly one state ``(activity, role, label, borrowed)``; a
+change closes the running interval.  Per-pool busy / idle / switching seconds are
+tallied as intervals close (so they exist even when intervals are not kept), and a
+sha256 over a canonical line per interval is kept as a stream for runs that do not keep
+intervals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from bidirl.core.timeline import Activity, Interval
+
+BUSY, IDLE, SWITCHING = Activity.BUSY, Activity.IDLE, Activity.SWITCHING
+_INDEX = {BUSY: 0, IDLE: 1, SWITCHING: 2}
+
+
+class Recorder:
+    def __init__(self, pools: dict[int, str], keep: bool) -> None:
+        self.pool = pools
+        self.keep = keep
+        self.intervals: list[Interval] = []
+        self.state: dict[int, tuple[Activity, str, str, bool]] = {}
+        self.since: dict[int, float] = {}
+        self.tally = {p: [0.0, 0.0, 0.0] for p in set(pools.values())}
+        self._sha = hashlib.sha256()
+        for d, pool in pools.items():
+            native = "rollout" if pool == "rollout" else "train"
+            self.state[d] = (IDLE, native, "waiting for data", False)
+            self.since[d] = 0.0
+
+    def set(self, devices: Iterable[int], t: float, activity: Activity, role: str,
+            label: str, borrowed: bool = False) -> None:
+        new = (activity, role, label, borrowed)
+        for d in devices:
+            if self.state[d] != new:
+                self._close(d, t)
+                self.state[d] = new
+                self.since[d] = t
+
+    def _close(self, d: int, t: float) -> None:
+        start = self.since[d]
+        if t <= start:
+            return
+        activity, role, label, borrowed = self.state[d]
+        pool = self.pool[d]
+        self.tally[pool][_INDEX[activity]] += t - start
+        self._sha.update(f"{d}|{pool}|{role}|{activity.value}|{start:.9f}|{t:.9f}|{label}|"
+                         f"{int(borrowed)}\n".encode())
+        if self.keep:
+            self.intervals.append(Interval(d, pool, role, activity, start, t, label, borrowed))
+
+    def finish(self, wall: float) -> None:
+        for d in sorted(self.state):
+            self._close(d, wall)
+            self.since[d] = wall
+
+    def stream_sha256(self) -> str:
+        return self._sha.hexdigest()

@@ -1,0 +1,155 @@
+"""``simulate``: one policy on one scenario, in simulated time.
+
+This is the simulator's public entry point; the CLI, the paper grid, the benchmarks and
+the planner build on it::
+
+    simulate(scenario, policy, steps=None, seed=None, record_intervals=True, pools=None)
+
+``pools`` replaces the scenario's split and layouts (the planner's resource envelope).
+
+``ideal_tokens_per_s`` (the denominator of ``efficiency``) packs the run's work onto all
+devices with no bubbles and no overheads.  Work, in device-seconds, is:
+
+* rollout: every trained response token at the replica's best possible per-token cost,
+  ``a / cap + c + k * context`` (decode at the full concurrency cap, exact context of
+  that token), times ``rollout_tp``; plus one prompt prefill per group;
+* training: every micro-batch at the cheaper of the primary layout (``train_tp`` devices)
+  and the auxiliary layout (``rollout_tp`` devices), times its device count;
+
+without weight sync, data-parallel all-reduce, optimizer, switch costs or timing noise.
+Ideal wall time = work / devices, and ``ideal_tokens_per_s = tokens_trained / that``.
+No schedule can beat it, so ``efficiency <= 1`` (up to timing noise, whose mean is 1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+import simpy
+
+from bidirl.controller.loop import Controller
+from bidirl.policy import make_policy
+from bidirl.sim import scenario as scenario_mod
+from bidirl.sim.recorder import Recorder
+from bidirl.sim.result import SimResult
+from bidirl.sim.runtime import SimRuntime
+from bidirl.sim.scenario import Pools, Scenario
+from bidirl.sim.world import build
+
+
+def resolve(sc: Scenario, steps: int | None = None, seed: int | None = None,
+            pools: Pools | None = None) -> Scenario:
+    """The scenario with overrides applied and re-validated."""
+    changes = {}
+    if steps is not None:
+        changes["steps"] = steps
+    if seed is not None:
+        changes["seed"] = seed
+    if pools is not None:
+        changes["pools"] = pools
+        changes["devices"] = pools.rollout_devices + pools.train_devices
+    if not changes:
+        return sc
+    return scenario_mod.from_dict(sc.replace(**changes).to_dict())
+
+
+def simulate(scenario: Scenario, policy: str, steps: int | None = None,
+             seed: int | None = None, record_intervals: bool = True,
+             pools: Pools | None = None) -> SimResult:
+    """Run ``policy`` on ``scenario`` and report what happened (``SimResult``)."""
+    sc = resolve(scenario, steps, seed, pools)
+    spec, truth, lengths = build(sc)
+    controller = Controller(spec, make_policy(policy))
+    env = simpy.Environment()
+    owners = {d: "rollout" for d in spec.rollout_devices()}
+    owners.update({d: "train" for d in spec.train_devices})
+    recorder = Recorder(owners, keep=record_intervals)
+    rt = SimRuntime(env, spec, truth, lengths, controller, recorder, sc.seed)
+    controller.bind(rt)
+    started = time.perf_counter()
+    rt.start()
+    try:
+        env.run(until=rt.done)
+    except RuntimeError as e:
+        if "until" not in str(e):
+            raise
+        s = controller.state
+        raise RuntimeError(
+            f"{policy} on {sc.name} stalled at t={env.now:.3f}: step {s.next_step}, phase "
+            f"{s.phase.value}, pending sync {s.pending_sync}, running {s.running}, next "
+            f"group {s.next_fresh}") from None
+    return _result(sc, policy, controller, rt, recorder, time.perf_counter() - started)
+
+
+def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
+            rec: Recorder, elapsed_s: float) -> SimResult:
+    s, spec = controller.state, rt.spec
+    wall = rt.wall_s
+    audit = s.groups.audit(spec.staleness, through_batch=spec.steps - 1)
+    ideal_wall = (_ideal_rollout_s(rt) + rt.train_device_s) / spec.devices
+    throughput = rt.tokens_trained / wall
+    ideal = rt.tokens_trained / ideal_wall if ideal_wall > 0 else 0.0
+    ends = [0.0] + rt.step_ends
+    dec = np.frombuffer(controller.decision_s, dtype=np.float64) * 1e6
+    totals = {p: sum(v) for p, v in rec.tally.items()}
+    admissions = Counter()
+    for d in s.admissions:
+        admissions[f"{d.direction}.{'admitted' if d.admit else 'rejected'}"] += 1
+    intervals = rec.intervals if rec.keep else []
+    return SimResult(
+        policy=policy, scenario=sc.name, steps=spec.steps, wall_s=wall,
+        tokens_trained=rt.tokens_trained, throughput_tokens_per_s=throughput,
+        mean_step_time_s=wall / spec.steps,
+        pool_busy_fraction={p: (v[0] / totals[p] if totals[p] else 0.0)
+                            for p, v in sorted(rec.tally.items())},
+        switch_time_s=sum(v[2] for v in rec.tally.values()),
+        borrows={"roll_on_train": rt.lends["roll_on_train"],
+                 "train_on_roll": rt.lends["train_on_roll"]},
+        ideal_tokens_per_s=ideal, efficiency=throughput / ideal if ideal else 0.0,
+        staleness={"mean": audit.mean_staleness, "max": float(audit.max_staleness)},
+        groups_trained=audit.groups_trained,
+        groups_lost=spec.total_groups - audit.groups_trained + len(audit.trained_twice),
+        trace_sha256=_trace_sha(rec), devices=spec.devices, seed=sc.seed,
+        step_times_s=[b - a for a, b in zip(ends, ends[1:])],
+        stage_model_median_error=s.est.median_errors(),
+        admission=dict(sorted(admissions.items())), intervals=intervals,
+        extra={
+            "decision_us_p50": float(np.percentile(dec, 50)) if dec.size else 0.0,
+            "decision_us_p99": float(np.percentile(dec, 99)) if dec.size else 0.0,
+            "events": int(dec.size), "sim_seconds": elapsed_s,
+            "colocated_switches": rt.lends["colocated"],
+            "pool_seconds": {p: dict(zip(("busy", "idle", "switching"), v))
+                             for p, v in sorted(rec.tally.items())},
+            "ledger_ok": audit.ok, "replica_cap": spec.replica_cap,
+            "replicas": spec.n_replicas,
+            "admission_net_s": sum(d.net_s for d in s.admissions if d.admit and d.guided),
+        },
+    )
+
+
+def _trace_sha(rec: Recorder) -> str:
+    """sha256 of the Chrome trace bytes (``obs.trace``) when intervals are kept; otherwise
+    the recorder's streaming sha256 over its canonical interval lines."""
+    if rec.keep:
+        try:
+            from bidirl.obs.trace import trace_sha256
+        except ImportError:  # pragma: no cover - obs is part of the package
+            return rec.stream_sha256()
+        return trace_sha256(rec.intervals)
+    return rec.stream_sha256()
+
+
+def _ideal_rollout_s(rt: SimRuntime) -> float:
+    """Device-seconds of the trained responses at the best per-token decode cost."""
+    spec, truth = rt.spec, rt.truth
+    a, c, k = truth.rollout.decode.theta
+    prompt = spec.prompt_tokens
+    per_token = a / spec.replica_cap + c + k * prompt
+    total = 0.0
+    for b in range(spec.steps):
+        lens = rt.lengths.draw_batch(b).astype(np.float64)
+        total += float(np.sum(lens * per_token + k * lens * (lens - 1) / 2))
+    prefill = truth.rollout.prefill_s(prompt) * spec.total_groups
+    return (total + prefill) * spec.rollout_tp

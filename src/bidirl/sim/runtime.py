@@ -1,0 +1,333 @@
+"""The simulated cluster: a SimPy implementation of ``controller.runtime.Runtime``.
+
+Replicas advance analytically (``engine.ReplicaEngine``) and schedule one SimPy event per
+*group* completion; training steps, weight syncs and switches are a handful of timed
+callbacks each.  Everything the controller learns arrives as events through an inbox that
+is drained after each callback, so the controller is never re-entered from ``execute``.
+Every device's activity goes to the ``Recorder``; a unit whose state may have changed is
+marked dirty and re-labelled once the controller has reacted (so an idle cause reflects
+the decision that followed, and zero-length bubbles never appear).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+
+import simpy
+
+from bidirl.controller.actions import (
+    AssignGroups, Lend, Reclaim, StartTrainStep, SyncWeights,
+)
+from bidirl.controller.cluster import ClusterSpec
+from bidirl.controller.events import (
+    DeviceLent, DeviceReclaimed, GroupsCompleted, GroupsInterrupted, StageMeasured, Started,
+    TrainStepFinished, WeightsSynced,
+)
+from bidirl.core.ledger import Role
+from bidirl.sim.engine import ReplicaEngine
+from bidirl.sim.recorder import BUSY, IDLE, SWITCHING, Recorder
+from bidirl.sim.training import plan_step
+from bidirl.sim.workload import ResponseLengths
+from bidirl.sim.world import Truth
+
+HOME, LENDING, LENT, RECLAIMING = "home", "lending", "lent", "reclaiming"
+WAITING = "waiting for data"
+
+
+class SimRuntime:
+    """Carries out the controller's actions on simulated devices."""
+
+    def __init__(self, env: simpy.Environment, spec: ClusterSpec, truth: Truth,
+                 lengths: ResponseLengths, controller, recorder: Recorder, seed: int) -> None:
+        self.env, self.spec, self.truth, self.lengths = env, spec, truth, lengths
+        self.controller, self.rec = controller, recorder
+        self._rng = random.Random(f"bidirl-sim:{seed}")
+        cv = truth.noise_cv
+        self._sigma = math.sqrt(math.log1p(cv * cv))
+        self._theta = truth.rollout.decode.theta
+        n = spec.n_units
+        self.engines: dict[int, ReplicaEngine] = {
+            r: self._new_engine(0.0, 0) for r in range(spec.n_replicas)}
+        self.status = [HOME] * n
+        self.role: list[Role | None] = [None] * n
+        self.colocated: set[int] = set()
+        self.reclaim_pending: set[int] = set()
+        self.ready_at: dict[int, float] = {}
+        self.paused_until = [0.0] * n
+        self._token = [0] * n
+        self._since_measure = [0] * n
+        self._prefill = [[0.0, 0.0, 0.0] for _ in range(n)]
+        self.measure_every = min(32, max(1, math.ceil(spec.n_replicas / 8)))
+        self.partials: dict[int, dict[int, int]] = {}
+        self.complete: set[int] = set()
+        self.inbox: deque = deque()
+        self.dirty: set[int] = set()
+        self.version = 0
+        self.synced = 0
+        self.step_ends: list[float] = []
+        self.tokens_trained = 0
+        self.train_device_s = 0.0
+        self.wall_s: float | None = None
+        self.done = env.event()
+        self.lends = {"roll_on_train": 0, "train_on_roll": 0, "colocated": 0}
+
+    # -- Runtime protocol -----------------------------------------------------------
+    def now(self) -> float:
+        return self.env.now
+
+    def execute(self, action) -> None:
+        if self.wall_s is None:  # after the last step nothing more is carried out
+            _EXECUTORS[type(action)](self, action)
+
+    def start(self) -> None:
+        self.dirty.update(range(self.spec.n_replicas))
+        self._deliver(Started())
+        self._pump()
+
+    # -- plumbing -------------------------------------------------------------------
+    def noise(self) -> float:
+        if self._sigma == 0:
+            return 1.0
+        return self._rng.lognormvariate(-0.5 * self._sigma * self._sigma, self._sigma)
+
+    def _new_engine(self, t: float, version: int) -> ReplicaEngine:
+        return ReplicaEngine(self._theta, self.spec.replica_cap, self.spec.prompt_tokens,
+                             t=t, version=version)
+
+    def _at(self, t: float, fn, *args) -> None:
+        ev = self.env.timeout(max(0.0, t - self.env.now))
+        ev.callbacks.append(lambda _e: (fn(*args), self._pump()))
+
+    def _deliver(self, event) -> None:
+        self.inbox.append(event)
+
+    def _pump(self) -> None:
+        while self.inbox:
+            self.controller.on_event(self.inbox.popleft())
+        if self.wall_s is not None:
+            return
+        for u in sorted(self.dirty):
+            self._mark(u)
+        self.dirty.clear()
+
+    def _mark(self, u: int) -> None:
+        """Re-label a unit hosting a rollout replica: busy if it runs responses."""
+        eng = self.engines.get(u)
+        if eng is None or self.status[u] != (HOME if u < self.spec.n_replicas else LENT):
+            return
+        now = self.env.now
+        if now < self.paused_until[u] - 1e-9:
+            return
+        borrowed = u >= self.spec.n_replicas
+        devs = self.spec.unit_devices(u)
+        if eng.running:
+            self.rec.set(devs, now, BUSY, "rollout", f"rollout v{eng.version}", borrowed)
+        else:
+            self.rec.set(devs, now, IDLE, "rollout", self.controller.idle_cause(u), borrowed)
+
+    # -- rollout --------------------------------------------------------------------
+    def _advance(self, u: int, t: float) -> None:
+        eng = self.engines[u]
+        done = eng.advance(t)
+        if done:
+            self._report(u, done)
+
+    def _report(self, u: int, done: list[int]) -> None:
+        self.complete.update(done)
+        lens = tuple(self.lengths.lengths(g) for g in done)
+        self._deliver(GroupsCompleted(u, tuple(done), lens))
+        self._since_measure[u] += len(done)
+        if self._since_measure[u] >= self.measure_every:
+            self._since_measure[u] = 0
+            m = self.engines[u].take_decode_measurement()
+            if m is not None:
+                self._deliver(StageMeasured("decode", m[0], m[1]))
+            p = self._prefill[u]
+            if p[0]:
+                self._deliver(StageMeasured("prefill", (p[0], p[1]), p[2]))
+                self._prefill[u] = [0.0, 0.0, 0.0]
+        self.dirty.add(u)
+
+    def _replan(self, u: int) -> None:
+        eng = self.engines[u]
+        eng.noise = self.noise()
+        self._token[u] += 1
+        t = eng.next_event_time()
+        if t is not None:
+            self._at(t, self._on_replica, u, self._token[u], t)
+
+    def _on_replica(self, u: int, token: int, t: float) -> None:
+        if token != self._token[u] or self.wall_s is not None:
+            return  # superseded by a later plan
+        self._advance(u, t)
+        self._replan(u)
+
+    def _assign(self, a: AssignGroups) -> None:
+        u, now = a.replica, self.env.now
+        eng = self.engines[u]
+        self._advance(u, now)
+        tokens = 0
+        for gid in a.group_ids:
+            tokens += eng.admit(gid, self.lengths.lengths(gid), self.partials.pop(gid, None))
+        stall = self.truth.rollout.prefill_s(tokens) * self.noise()
+        eng.stall(now, stall)
+        p = self._prefill[u]
+        p[0] += len(a.group_ids)
+        p[1] += tokens
+        p[2] += stall
+        self._replan(u)
+        self.dirty.add(u)
+
+    # -- weights --------------------------------------------------------------------
+    def _sync(self, a: SyncWeights) -> None:
+        now = self.env.now
+        dur = self.truth.weight_sync_s * self.noise()
+        self.rec.set(self.spec.train_devices, now, BUSY, "train", "weight sync")
+        for u in range(self.spec.n_replicas):
+            if self.status[u] != HOME:
+                continue
+            self._advance(u, now)
+            self.engines[u].stall(now, dur)
+            self.paused_until[u] = now + dur
+            self.rec.set(self.spec.unit_devices(u), now, IDLE, "rollout", "waiting for weights")
+            self._replan(u)
+        self._at(now + dur, self._synced, a.version, dur)
+
+    def _synced(self, version: int, dur: float) -> None:
+        self.synced = version
+        for u, eng in self.engines.items():
+            eng.version = version
+            self.dirty.add(u)
+        self.rec.set(self.spec.train_devices, self.env.now, IDLE, "train", WAITING)
+        self._deliver(WeightsSynced(version, dur))
+
+    # -- training -------------------------------------------------------------------
+    def _train(self, a: StartTrainStep) -> None:
+        missing = [g for g in a.group_ids if g not in self.complete]
+        if missing:
+            raise RuntimeError(f"step {a.step} started before groups {missing[:5]} completed")
+        self.complete.difference_update(a.group_ids)
+        now, spec = self.env.now, self.spec
+        tl = plan_step(a, now, spec, self.truth, self.ready_at, self.colocated, self.noise)
+        devs = spec.train_devices
+        self.rec.set(devs, now, BUSY, "train", f"step {a.step}")
+        if tl.merge_start > tl.primary_end:
+            self._at(tl.primary_end, self.rec.set, devs, tl.primary_end, IDLE, "train", WAITING)
+        self._at(tl.merge_start, self.rec.set, devs, tl.merge_start, BUSY, "train",
+                 f"step {a.step} merge")
+        for run in tl.aux:
+            d = spec.unit_devices(run.unit)
+            role = "aux_train"
+            self._at(run.start, self.rec.set, d, run.start, BUSY, role, f"aux step {a.step}", True)
+            if run.arrive > run.compute_end:
+                self._at(run.compute_end, self.rec.set, d, run.compute_end, SWITCHING, role,
+                         "C_grad", True)
+            self._at(run.arrive, self.rec.set, d, run.arrive, IDLE, role, WAITING, True)
+        for m in tl.measurements:
+            self._deliver(m)
+        self.train_device_s += tl.device_seconds
+        self.tokens_trained += sum(mb.tokens for mb in a.micro_batches)
+        self._at(tl.end, self._stepped, a.step, tl.end - now)
+
+    def _stepped(self, step: int, seconds: float) -> None:
+        self.version = step + 1
+        self.step_ends.append(self.env.now)
+        self.rec.set(self.spec.train_devices, self.env.now, IDLE, "train", WAITING)
+        self._deliver(TrainStepFinished(step, step + 1, seconds))
+        if step + 1 >= self.spec.steps:
+            self.wall_s = self.env.now
+            self.rec.finish(self.wall_s)
+            self.done.succeed()
+
+    # -- lending --------------------------------------------------------------------
+    def _lend(self, a: Lend) -> None:
+        u, now = a.unit, self.env.now
+        if self.status[u] != HOME:
+            raise RuntimeError(f"unit {u} is {self.status[u]}; cannot lend it")
+        if u < self.spec.n_replicas and self.engines[u].running:
+            raise RuntimeError(f"replica {u} runs responses; cannot lend it")
+        kind = "roll_on_train" if a.role is Role.ROLLOUT else "train_on_roll"
+        cost = (self.truth.colocated_switch_s if a.colocated
+                else self.truth.switch[f"{kind}.c_in"]) * self.noise()
+        self.status[u], self.role[u] = LENDING, a.role
+        if a.colocated:
+            self.colocated.add(u)
+        self.lends["colocated" if a.colocated else kind] += 1
+        if a.role is Role.AUX_TRAIN:
+            self.ready_at[u] = now + cost
+        self._token[u] += 1
+        self.rec.set(self.spec.unit_devices(u), now, SWITCHING, a.role.value,
+                     "switch" if a.colocated else "C_in", True)
+        self._at(now + cost, self._lent, u, cost)
+
+    def _lent(self, u: int, cost: float) -> None:
+        now, role = self.env.now, self.role[u]
+        self.status[u] = LENT
+        devs = self.spec.unit_devices(u)
+        if role is Role.ROLLOUT:
+            self.engines[u] = self._new_engine(now, self.version)
+            self.rec.set(devs, now, IDLE, "rollout", WAITING, True)
+            self.dirty.add(u)
+        else:
+            self.rec.set(devs, now, IDLE, "aux_train", WAITING, True)
+        self._deliver(DeviceLent(u, role, cost))
+        if u in self.reclaim_pending:
+            self.reclaim_pending.discard(u)
+            self._reclaim_now(u)
+
+    def _reclaim(self, a: Reclaim) -> None:
+        u = a.unit
+        if self.status[u] == LENDING:
+            self.reclaim_pending.add(u)  # C_in must finish before C_out can start
+        elif self.status[u] == LENT:
+            self._reclaim_now(u)
+        else:
+            raise RuntimeError(f"unit {u} is {self.status[u]}; cannot reclaim it")
+
+    def _reclaim_now(self, u: int) -> None:
+        now, role = self.env.now, self.role[u]
+        if role is Role.ROLLOUT:
+            self._advance(u, now)
+            parts = self.engines.pop(u).interrupt()
+            if parts:
+                for gid, _, prefixes in parts:
+                    self.partials[gid] = prefixes
+                self._deliver(GroupsInterrupted(
+                    u, tuple(p[0] for p in parts), tuple(p[1] for p in parts),
+                    tuple(len(p[2]) for p in parts)))
+        self._token[u] += 1
+        self.ready_at.pop(u, None)
+        colocated = u in self.colocated
+        kind = "roll_on_train" if role is Role.ROLLOUT else "train_on_roll"
+        cost = (self.truth.colocated_switch_s if colocated
+                else self.truth.switch[f"{kind}.c_out"]) * self.noise()
+        self.status[u] = RECLAIMING
+        self.rec.set(self.spec.unit_devices(u), now, SWITCHING, role.value,
+                     "switch" if colocated else "C_out", True)
+        self._at(now + cost, self._reclaimed, u, cost)
+
+    def _reclaimed(self, u: int, cost: float) -> None:
+        now, role = self.env.now, self.role[u]
+        self.status[u], self.role[u] = HOME, None
+        self.colocated.discard(u)
+        devs = self.spec.unit_devices(u)
+        if u < self.spec.n_replicas:
+            eng = self.engines[u]
+            eng.advance(now)
+            eng.version = self.synced
+            self.dirty.add(u)
+            self.rec.set(devs, now, IDLE, "rollout", WAITING)
+        else:
+            self.rec.set(devs, now, IDLE, "train", WAITING)
+        self._deliver(DeviceReclaimed(u, role, cost))
+
+
+_EXECUTORS = {
+    AssignGroups: SimRuntime._assign,
+    StartTrainStep: SimRuntime._train,
+    SyncWeights: SimRuntime._sync,
+    Lend: SimRuntime._lend,
+    Reclaim: SimRuntime._reclaim,
+}

@@ -1,0 +1,95 @@
+"""Simulated training step: primary data-parallel ranks, auxiliary chunks, ordered merge.
+
+The primary deals its micro-batches round-robin to its ``dp`` ranks; every rank's time
+is the sum of its micro-batch times (ground-truth ``TrainStageModel``, one noise draw per
+rank).  An auxiliary trainer starts its chunk once it is up (after C_in), computes it as
+one rank of ``rollout_tp`` devices and ships the gradient (C_grad).  The primary merges
+the chunks in chunk order when the last one has arrived, then all-reduces over its ranks
+(plus colocated ranks, for ``sync``) and steps the optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bidirl.controller.actions import PRIMARY, StartTrainStep
+from bidirl.controller.cluster import ClusterSpec
+from bidirl.controller.events import StageMeasured
+from bidirl.sim.world import Truth
+
+
+@dataclass
+class AuxRun:
+    unit: int
+    start: float
+    compute_end: float
+    arrive: float
+    colocated: bool
+
+
+@dataclass
+class StepTimeline:
+    start: float
+    primary_end: float
+    merge_start: float
+    end: float
+    aux: list[AuxRun] = field(default_factory=list)
+    measurements: list[StageMeasured] = field(default_factory=list)
+    device_seconds: float = 0.0  # ideal device-seconds of the step's micro-batches
+
+
+def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
+              ready_at: dict[int, float], colocated: set[int],
+              noise: Callable[[], float]) -> StepTimeline:
+    """When every part of step ``a`` happens (all times absolute)."""
+    mbs, dp = a.micro_batches, spec.train_dp
+    micro = [truth.train.microbatch_s(mb.tokens, mb.seq_len) for mb in mbs]
+    aux_micro = [truth.aux.microbatch_s(mb.tokens, mb.seq_len) for mb in mbs]
+    ranks = [0.0] * dp
+    feats = [0.0, 0.0, 0.0]
+    nth = 0
+    for chunk in a.chunks:
+        if chunk.executor != PRIMARY:
+            continue
+        for i in chunk.micro_batches:
+            ranks[nth % dp] += micro[i]
+            nth += 1
+            _add(feats, mbs[i])
+    ranks = [r * noise() for r in ranks]
+    tl = StepTimeline(now, now + max(ranks), 0.0, 0.0)
+    if nth:
+        tl.measurements.append(StageMeasured("train_micro", tuple(feats), sum(ranks)))
+    merge_start = tl.primary_end
+    for chunk in a.chunks:
+        if chunk.executor == PRIMARY or not chunk.micro_batches:
+            continue
+        u = chunk.executor
+        start = max(now, ready_at.get(u, now))
+        feats = [0.0, 0.0, 0.0]
+        for i in chunk.micro_batches:
+            _add(feats, mbs[i])
+        compute = sum(aux_micro[i] for i in chunk.micro_batches) * noise()
+        ship = 0.0 if u in colocated else truth.switch["train_on_roll.c_grad"] * noise()
+        run = AuxRun(u, start, start + compute, start + compute + ship, u in colocated)
+        tl.aux.append(run)
+        tl.measurements.append(StageMeasured("aux_micro", tuple(feats), compute))
+        if not run.colocated:
+            tl.measurements.append(StageMeasured("train_on_roll.c_grad", (), ship))
+        merge_start = max(merge_start, run.arrive)
+    ranks_total = dp + sum(1 for r in tl.aux if r.colocated)
+    wire = truth.train.grad_wire_s(ranks_total, spec.train_spans_nodes or ranks_total > dp)
+    sync = truth.train.sync_s(ranks_total, spec.train_spans_nodes or ranks_total > dp) * noise()
+    if ranks_total > 1:
+        tl.measurements.append(StageMeasured("train_sync", (1.0, wire), sync))
+    tl.merge_start = merge_start
+    tl.end = merge_start + sync + truth.train.optimizer_s()
+    tl.device_seconds = sum(min(spec.train_tp * p, spec.rollout_tp * q)
+                            for p, q in zip(micro, aux_micro))
+    return tl
+
+
+def _add(feats: list[float], mb) -> None:
+    feats[0] += 1.0
+    feats[1] += mb.tokens
+    feats[2] += mb.tokens * mb.seq_len

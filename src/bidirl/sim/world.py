@@ -1,0 +1,86 @@
+"""From a scenario to a simulated cluster: the controller's ``ClusterSpec`` and the
+simulator's ground truth.
+
+The ground truth is what the simulated hardware really does: stage-time models at
+``prior_scale = 1``, switch costs from the profile priors or the scenario's ``costs``
+overrides.  The scheduler never sees it; it starts from priors scaled by
+``sim.prior_scale`` and calibrates on the measurements the simulator reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bidirl.controller.cluster import ClusterSpec
+from bidirl.perf.profiles import GIB, HARDWARE, MODELS, lookup
+from bidirl.perf.stage_models import (
+    RolloutStageModel, TrainStageModel, max_concurrency, weight_sync_s,
+)
+from bidirl.perf.switch_costs import switch_priors
+from bidirl.sim.scenario import Scenario, ScenarioError
+from bidirl.sim.workload import ResponseLengths
+
+
+@dataclass
+class Truth:
+    """How long things really take in the simulated cluster."""
+
+    rollout: RolloutStageModel
+    train: TrainStageModel
+    aux: TrainStageModel
+    weight_sync_s: float
+    switch: dict[str, float]
+    colocated_switch_s: float
+    noise_cv: float
+
+
+def build(sc: Scenario) -> tuple[ClusterSpec, Truth, ResponseLengths]:
+    hw, m = lookup(HARDWARE, sc.hardware, "hardware"), lookup(MODELS, sc.model, "model")
+    p, w = sc.pools, sc.workload
+    lengths = ResponseLengths(w.response_length, w.prompts_per_step, w.group_size, sc.seed)
+    cap = max_concurrency(hw, m, p.rollout_tp, w.prompt_tokens + lengths.mean())
+    if cap == 0:
+        raise ScenarioError(f"pools.rollout_tp: {sc.model} does not fit on {p.rollout_tp} "
+                            f"x {sc.hardware} with room for a KV cache; raise rollout_tp")
+    tp = p.rollout_tp
+    rollout = tuple(tuple(range(r * tp, (r + 1) * tp)) for r in range(p.rollout_devices // tp))
+    train = tuple(range(p.rollout_devices, sc.devices))
+    units = tuple(train[i * tp:(i + 1) * tp] for i in range(len(train) // tp))
+    per_node = hw.devices_per_node
+    aux_bytes = m.params * (m.bytes_per_param + 4)  # weights + fp32 gradients
+    spec = ClusterSpec(
+        hardware=sc.hardware, model=sc.model, devices=sc.devices, replica_devices=rollout,
+        train_devices=train, train_units=units, rollout_tp=tp, train_dp=p.train.dp,
+        train_tp=p.train.tp, train_spans_nodes=len({d // per_node for d in train}) > 1,
+        replica_cap=max(cap, 1), groups_per_step=w.prompts_per_step, group_size=w.group_size,
+        prompt_tokens=w.prompt_tokens, staleness=sc.staleness, steps=sc.steps,
+        micro_batch_tokens=sc.sim.micro_batch_tokens,
+        max_response_tokens=w.response_length.max,
+        aux_trainers=aux_bytes <= 0.9 * hw.memory_gib * GIB * tp,
+        devices_per_node=per_node, prior_scale=sc.sim.prior_scale,
+    )
+    return spec, _truth(sc, hw, m), lengths
+
+
+def _truth(sc: Scenario, hw, m) -> Truth:
+    p, c = sc.pools, sc.costs
+    sw = switch_priors(hw, m, p.rollout_tp, p.rollout_tp)
+    overrides = {
+        "roll_on_train.c_in": c.roll_on_train_c_in_s,
+        "roll_on_train.c_out": c.roll_on_train_c_out_s,
+        "train_on_roll.c_in": c.train_on_roll_c_in_s,
+        "train_on_roll.c_out": c.train_on_roll_c_out_s,
+        "train_on_roll.c_grad": c.train_on_roll_c_grad_s,
+    }
+    sw.update({k: v for k, v in overrides.items() if v is not None})
+    sync = c.weight_sync_s if c.weight_sync_s is not None else weight_sync_s(
+        hw, m, sc.devices > hw.devices_per_node)
+    colocated = c.colocated_switch_s if c.colocated_switch_s is not None else \
+        sw["roll_on_train.c_in"]
+    return Truth(
+        rollout=RolloutStageModel(hw, m, p.rollout_tp),
+        train=TrainStageModel(hw, m, p.train.tp),
+        aux=TrainStageModel(hw, m, p.rollout_tp),
+        weight_sync_s=sync, switch=sw, colocated_switch_s=colocated,
+        noise_cv=sc.sim.timing_noise_cv,
+    )

@@ -1,0 +1,177 @@
+"""TorchTrainer: micro-batch equivalence, bitwise chunk merging, checkpoints, DP=2 == DP=1."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from bidirl.engines.trainer_torch import (
+    TorchTrainer,
+    TrainerConfig,
+    TrainSample,
+    count_tokens,
+    init_process_group,
+    make_microbatches,
+)
+
+CFG = TrainerConfig(lr=1e-3, max_grad_norm=1.0, kl_coef=0.05)
+# Adam's first step is lr * g / (|g| + eps): for elements whose micro-batch contributions
+# nearly cancel, a 1e-8 rounding difference in g flips the update by up to lr. A larger eps
+# makes the update Lipschitz in g (change <= lr * dg / eps), so "same gradient up to float
+# rounding" shows as "same weights within 1e-6" in the DP test.
+CFG_DP = TrainerConfig(lr=1e-3, max_grad_norm=1.0, kl_coef=0.05, adam_eps=1e-4)
+
+
+def _samples(model_dir, n=8, seed=0) -> list[TrainSample]:
+    """Random prompts/responses with behaviour log-probs slightly off-policy (ratios != 1)."""
+    rng = np.random.default_rng(seed)
+    raw = []
+    for _ in range(n):
+        r = int(rng.integers(3, 20))
+        raw.append(TrainSample(list(rng.integers(7, 135, int(rng.integers(2, 9)))), list(rng.integers(7, 135, r)),
+                               [0.0] * r, float(rng.normal())))
+    base = TorchTrainer(model_dir, TrainerConfig()).compute_logprobs(raw)
+    return [
+        TrainSample(s.prompt_ids, s.response_ids, list(lp + rng.normal(0, 0.1, lp.shape)), s.advantage,
+                    ref_logprobs=list(lp + rng.normal(0, 0.1, lp.shape)))
+        for s, lp in zip(raw, base)
+    ]
+
+
+def _same_params(a: TorchTrainer, b: TorchTrainer) -> bool:
+    return all(torch.equal(p, b.params[n]) for n, p in a.params.items())
+
+
+def test_logprobs_do_not_depend_on_batch_composition(tiny_model_dir):
+    samples = _samples(tiny_model_dir, 6)
+    tr = TorchTrainer(tiny_model_dir)
+    together = tr.compute_logprobs(samples, micro_batch_size=6)
+    alone = tr.compute_logprobs(samples, micro_batch_size=1)
+    for a, b in zip(together, alone):
+        assert a.shape == b.shape and np.allclose(a, b, atol=1e-5)
+
+
+def test_microbatch_size_does_not_change_the_gradient(tiny_model_dir):
+    samples = _samples(tiny_model_dir, 8)
+    tr = TorchTrainer(tiny_model_dir, CFG)
+    sums = []
+    for size in (1, 3, 8):
+        mbs = make_microbatches(samples, size)
+        chunk = tr.compute_chunk_grads(mbs, per_microbatch=False)
+        sums.append(chunk.grads[0])
+        assert chunk.metrics["tokens"] == pytest.approx(1.0)
+    for other in sums[1:]:
+        for name, g in sums[0].items():
+            assert np.allclose(g, other[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_chunked_gradients_merge_bitwise(tiny_model_dir):
+    samples = _samples(tiny_model_dir, 8)
+    mbs = make_microbatches(samples, 2)  # 4 micro-batches
+    primary = TorchTrainer(tiny_model_dir, CFG)
+    primary.train_step(mbs)
+
+    # same step, micro-batches 0-1 on the primary and 2-3 on an "auxiliary" trainer
+    fresh, aux = TorchTrainer(tiny_model_dir, CFG), TorchTrainer(tiny_model_dir, CFG)
+    total = count_tokens(mbs)
+    chunk0 = fresh.compute_chunk_grads(mbs[:2], total)
+    chunk1 = aux.compute_chunk_grads(mbs[2:], total)
+    assert [len(c.grads) for c in (chunk0, chunk1)] == [2, 2]
+    assert all(g.dtype == np.float32 and g.ndim == 1 for g in chunk0.grads[0].values())
+    metrics = fresh.apply_grads([chunk0, chunk1])
+    assert _same_params(primary, fresh)
+    assert metrics["version"] == 1 == primary.version
+
+    # a different partition (1 + 3) gives the same bits too
+    other, aux2 = TorchTrainer(tiny_model_dir, CFG), TorchTrainer(tiny_model_dir, CFG)
+    other.apply_grads([other.compute_chunk_grads(mbs[:1], total), aux2.compute_chunk_grads(mbs[1:], total)])
+    assert _same_params(primary, other)
+
+
+def test_weights_numpy_round_trip(tiny_model_dir):
+    a = TorchTrainer(tiny_model_dir, CFG)
+    a.train_step(make_microbatches(_samples(tiny_model_dir, 4), 2))
+    weights = a.get_weights_numpy()
+    assert "model.embed_tokens.weight" in weights and "lm_head.weight" in weights
+    assert all(isinstance(w, np.ndarray) and w.dtype == np.float32 for w in weights.values())
+    b = TorchTrainer(tiny_model_dir, CFG)
+    b.set_weights_numpy(weights, version=a.version)
+    assert _same_params(a, b) and b.version == 1
+    a.train_step(make_microbatches(_samples(tiny_model_dir, 2, seed=1), 2))
+    assert not np.array_equal(weights["lm_head.weight"], a.get_weights_numpy()["lm_head.weight"])  # a copy
+
+
+def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):
+    step1 = make_microbatches(_samples(tiny_model_dir, 4, seed=1), 2)
+    step2 = make_microbatches(_samples(tiny_model_dir, 4, seed=2), 2)
+    a = TorchTrainer(tiny_model_dir, CFG)
+    a.train_step(step1)
+    a.save_checkpoint(tmp_path / "ckpt")
+    state = a.state_dict()
+    a.train_step(step2)
+
+    for restore in ("dir", "state"):
+        b = TorchTrainer(tiny_model_dir, CFG)
+        if restore == "dir":
+            b.load_checkpoint(tmp_path / "ckpt")
+        else:
+            b.load_state_dict(state)
+        assert b.version == 1
+        b.train_step(step2)
+        assert _same_params(a, b), restore
+
+
+def test_save_pretrained_loads_as_hf(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    a = TorchTrainer(tiny_model_dir, CFG)
+    a.train_step(make_microbatches(_samples(tiny_model_dir, 2), 2))
+    out = a.save_pretrained(tmp_path / "hf")
+    assert (out / "tokenizer.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    assert torch.equal(model.lm_head.weight, a.model.lm_head.weight)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match=r"TrainerConfig.lr=0.*> 0"):
+        TrainerConfig(lr=0)
+    with pytest.raises(ValueError, match="clip_eps_low"):
+        TrainerConfig(clip_eps_low=1.5)
+    with pytest.raises(ValueError, match="behaviour_logprobs"):
+        TrainSample([1], [2, 3], [0.0], 1.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dp_worker(rank, world, port, model_dir, out_dir):
+    import torch.distributed as dist
+
+    group = init_process_group(rank, world, master_port=port)
+    samples = _samples(model_dir, 8)
+    mine = samples[rank::world]  # uneven token counts per rank on purpose
+    tr = TorchTrainer(model_dir, CFG_DP, process_group=group)
+    metrics = tr.train_step(make_microbatches(mine, 2))
+    np.savez(f"{out_dir}/rank{rank}.npz", **tr.get_weights_numpy(), __loss=np.float64(metrics["loss"]))
+    dist.destroy_process_group()
+
+
+def test_data_parallel_two_ranks_equals_one(tiny_model_dir, tmp_path):
+    import torch.multiprocessing as mp
+
+    samples = _samples(tiny_model_dir, 8)
+    single = TorchTrainer(tiny_model_dir, CFG_DP)
+    single_metrics = single.train_step(make_microbatches(samples, 2))
+    mp.spawn(_dp_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
+    expected = single.get_weights_numpy()
+    for name, w in expected.items():
+        assert np.array_equal(ranks[0][name], ranks[1][name]), name  # ranks stay in sync
+        assert np.allclose(ranks[0][name], w, rtol=0, atol=1e-6), name
+    assert float(ranks[0]["__loss"]) == pytest.approx(single_metrics["loss"], rel=1e-5)
