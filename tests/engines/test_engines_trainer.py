@@ -175,3 +175,23 @@ def test_data_parallel_two_ranks_equals_one(tiny_model_dir, tmp_path):
         assert np.array_equal(ranks[0][name], ranks[1][name]), name  # ranks stay in sync
         assert np.allclose(ranks[0][name], w, rtol=0, atol=1e-6), name
     assert float(ranks[0]["__loss"]) == pytest.approx(single_metrics["loss"], rel=1e-5)
+
+
+def test_flat_sample_list_uses_configured_micro_batches(tiny_model_dir):
+    samples = _samples(tiny_model_dir, 6)
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2)
+    a, b = TorchTrainer(tiny_model_dir, cfg), TorchTrainer(tiny_model_dir, cfg)
+    grads = a.compute_gradients(samples)
+    assert set(grads) == set(a.params) and all(g.ndim == 1 for g in grads.values())
+    a.train_step(samples)
+    b.train_step(make_microbatches(samples, 2))
+    assert _same_params(a, b)
+
+
+def test_stale_chunks_are_refused(tiny_model_dir):
+    samples = _samples(tiny_model_dir, 2)
+    tr = TorchTrainer(tiny_model_dir, CFG)
+    chunk = tr.compute_chunk_grads([samples])
+    tr.train_step([samples])
+    with pytest.raises(ValueError, match="version"):
+        tr.apply_grads([chunk])

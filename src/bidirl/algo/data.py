@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,9 +52,8 @@ def _fail(path: Path, row: int, fieldname: str, problem: str, allowed: str) -> D
 
 
 def _normalise_messages(raw: Any, path: Path, row: int) -> tuple[dict[str, str], ...]:
-    allowed = "a non-empty string, or a non-empty list of {'role': one of %s, 'content': str}" % (
-        "/".join(_ROLES)
-    )
+    roles = "/".join(_ROLES)
+    allowed = f"a non-empty string, or a non-empty list of {{'role': one of {roles}, 'content': str}}"
     if isinstance(raw, str):
         if not raw:
             raise _fail(path, row, "prompt", "is an empty string", allowed)
@@ -164,7 +164,7 @@ def load_reward_fn(path: str | Path, name: str = "compute_score") -> Callable[..
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: reward file not found")
-    module_name = f"bidirl_user_reward_{abs(hash(str(path.resolve())))}"
+    module_name = f"bidirl_user_reward_{zlib.crc32(str(path.resolve()).encode())}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise DataError(f"{path}: cannot import as a python module")

@@ -30,7 +30,8 @@ gives exactly the gradient of L, whatever the micro-batch split, the number of D
 would weight tokens of short micro-batches more and break that equivalence.
 
 Metrics are returned in the same "token sum / N" form, so adding them over micro-batches gives
-batch means.
+batch means. docs/algorithm.md states the same formulas with the execution rules around them
+(DP all-reduce, ordered chunk merge, versions).
 """
 
 from __future__ import annotations

@@ -5,13 +5,27 @@ Imports no torch, ray, vllm or simpy.  ``Controller`` (``loop.py``) is the entry
 """
 
 from bidirl.controller.actions import (
-    PRIMARY, Action, AssignGroups, Chunk, Lend, MicroBatch, Reclaim, StartTrainStep,
+    PRIMARY,
+    Action,
+    AssignGroups,
+    Chunk,
+    Lend,
+    MicroBatch,
+    Reclaim,
+    StartTrainStep,
     SyncWeights,
 )
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.controller.events import (
-    DeviceLent, DeviceReclaimed, Event, GroupsCompleted, GroupsInterrupted, StageMeasured,
-    Started, TrainStepFinished, WeightsSynced,
+    DeviceLent,
+    DeviceReclaimed,
+    Event,
+    GroupsCompleted,
+    GroupsInterrupted,
+    StageMeasured,
+    Started,
+    TrainStepFinished,
+    WeightsSynced,
 )
 from bidirl.controller.loop import Controller
 from bidirl.controller.runtime import Runtime

@@ -20,7 +20,7 @@ from bidirl.perf.profiles import HARDWARE, MODELS, lookup
 from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, weight_sync_s
 from bidirl.perf.switch_costs import SwitchCostEstimator, switch_priors
 
-EMA_ALPHA = 0.02  # ~50 groups of memory: follows drift in response lengths, ignores noise
+EMA_ALPHA = 0.02  # ~50 samples of memory: follows drift in response lengths, ignores noise
 
 
 class Ema:
@@ -44,7 +44,9 @@ class Estimates:
         hw, m = lookup(HARDWARE, spec.hardware, "hardware"), lookup(MODELS, spec.model, "model")
         scale = spec.prior_scale
         self.spec = spec
-        self.rollout = RolloutStageModel(hw, m, spec.rollout_tp, scale, refit_every=4)
+        # Refits cost ~1 ms (a window of 256 samples); decode measurements are frequent
+        # aggregates, so refitting every 16th keeps decisions fast at no loss of accuracy.
+        self.rollout = RolloutStageModel(hw, m, spec.rollout_tp, scale, refit_every=16)
         self.train = TrainStageModel(hw, m, spec.train_tp, scale, refit_every=2)
         self.aux = TrainStageModel(hw, m, spec.rollout_tp, scale, refit_every=2)
         self.switch = SwitchCostEstimator(switch_priors(hw, m, spec.rollout_tp, spec.rollout_tp))
@@ -54,6 +56,9 @@ class Estimates:
         self._colocated_prior = self.switch.estimate("roll_on_train.c_in")
         self.response_len = Ema(spec.max_response_tokens / 4)
         self.group_s = Ema(0.0)
+        # Seconds from a batch's last group start to its completion: the long tail.
+        self.batch_tail = Ema(0.0, alpha=0.2)
+        self.step_s = Ema(0.0, alpha=0.2)  # a whole training step, as measured
         self._optimizer_s = self.train.optimizer_s()
 
     # -- learning -------------------------------------------------------------------
@@ -80,6 +85,23 @@ class Estimates:
     def group_tokens(self) -> float:
         """Expected response tokens of one prompt group."""
         return self.response_len.value * self.spec.group_size
+
+    def tail_s(self) -> float:
+        """Predicted time from a batch's last group start to its completion."""
+        if self.batch_tail.samples:
+            return self.batch_tail.value
+        if self.group_s.samples:
+            return 2.0 * self.group_s.value  # the slowest of many groups, not the mean
+        s = self.spec
+        ctx = s.prompt_tokens + self.response_len.value
+        return s.max_response_tokens / 2 * self.rollout.decode_step_s(s.group_size, ctx * 8)
+
+    def step_slowdown(self, load_now: float, load_then: float) -> float:
+        """How much slower a decode step gets when a replica's batch grows."""
+        ctx = self.spec.prompt_tokens + self.response_len.value / 2
+        now = self.rollout.decode_step_s(max(load_now, 1.0), max(load_now, 1.0) * ctx)
+        then = self.rollout.decode_step_s(max(load_then, 1.0), max(load_then, 1.0) * ctx)
+        return max(1.0, then / now) if now > 0 else 1.0
 
     def replica_rate(self) -> float:
         """Decode tokens/s of one replica kept at its concurrency cap."""

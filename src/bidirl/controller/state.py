@@ -20,13 +20,25 @@ import heapq
 from enum import Enum
 
 from bidirl.controller.actions import (
-    PRIMARY, Action, AssignGroups, Lend, Reclaim, StartTrainStep, SyncWeights,
+    PRIMARY,
+    Action,
+    AssignGroups,
+    Lend,
+    Reclaim,
+    StartTrainStep,
+    SyncWeights,
 )
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.controller.estimates import Estimates
 from bidirl.controller.events import (
-    DeviceLent, DeviceReclaimed, Event, GroupsCompleted, GroupsInterrupted, StageMeasured,
-    TrainStepFinished, WeightsSynced,
+    DeviceLent,
+    DeviceReclaimed,
+    Event,
+    GroupsCompleted,
+    GroupsInterrupted,
+    StageMeasured,
+    TrainStepFinished,
+    WeightsSynced,
 )
 from bidirl.core.ledger import DeviceLedger, GroupLedger, Pool, Role
 from bidirl.core.samples import GroupState, PromptGroup
@@ -80,6 +92,8 @@ class ClusterState:
         self._partial: list[int] = []
         self.partial_left: dict[int, int] = {}
         self.started = [0] * spec.steps  # fresh groups started, per batch
+        self.last_start = [0.0] * spec.steps  # when a batch's last group started
+        self.total_load = 0  # responses running on all units
         self.done = [0] * spec.steps  # groups complete, per batch
         self.partial_in_batch = [0] * spec.steps
         self.lengths: dict[int, tuple[int, ...]] = {}
@@ -165,10 +179,11 @@ class ClusterState:
             self.lengths[gid] = lens
             self.done[g.batch] += 1
             self.running -= 1
+            if self.done[g.batch] == self.spec.groups_per_step:
+                est.batch_tail.add(self.t - self.last_start[g.batch])
             self._unload(ev.replica, gid, len(lens) if gid not in self.partial_left
                          else self.partial_left.pop(gid))
-            for n_tok in lens:
-                est.response_len.add(n_tok)
+            est.response_len.add(sum(lens) / len(lens))
             t0 = self._assigned_at.pop(gid, None)
             if t0 is not None:
                 est.group_s.add(self.t - t0)
@@ -192,6 +207,7 @@ class ClusterState:
             gap = self.groups.mark_trained(gid, ev.step, s.staleness, self.t)
             self.staleness_max = max(self.staleness_max, gap)
             self.lengths.pop(gid, None)
+        self.est.step_s.add(ev.seconds)
         self.version = ev.version
         self.phase = Phase.IDLE
         self.next_step = ev.step + 1
@@ -262,6 +278,8 @@ class ClusterState:
                                 s.prompt_tokens)
                 self.groups.add(g)
                 self.started[g.batch] += 1
+                if self.started[g.batch] == s.groups_per_step:
+                    self.last_start[g.batch] = self.t
                 self._assigned_at[gid] = self.t
                 n = s.group_size
             g.move(GroupState.GENERATING, self.t)
@@ -307,6 +325,7 @@ class ClusterState:
         self._set_load(unit, max(0, self.load[unit] - responses))
 
     def _set_load(self, unit: int, load: int) -> None:
+        self.total_load += load - self.load[unit]
         self.load[unit] = load
         if self.accepting[unit]:
             heapq.heappush(self._heap, (load, unit))

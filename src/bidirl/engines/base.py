@@ -21,6 +21,7 @@ Two interfaces:
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -134,7 +135,10 @@ def resume_seed(request: GenerationRequest, engine_seed: int) -> int:
     Why it depends on the prefix length: a resumed request must not replay the random stream
     that produced its prefix; a fresh request keeps its own seed.
     """
-    base = request.seed if request.seed is not None else (hash((engine_seed, request.request_id)) & 0x7FFFFFFF)
+    if request.seed is not None:
+        base = request.seed
+    else:  # crc32, not hash(): str hashes differ between processes (PYTHONHASHSEED)
+        base = zlib.crc32(f"{engine_seed}:{request.request_id}".encode()) & 0x7FFFFFFF
     n = len(request.prefix_token_ids)
     return base if n == 0 else (base * 1_000_003 + n) & 0x7FFFFFFF
 

@@ -60,6 +60,8 @@ class TrainerConfig:
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     """Weight of the k3 KL to the reference; > 0 needs ``ref_logprobs`` in every sample."""
+    micro_batch_size: int = 8
+    """Sequences per micro-batch when train_step is given a flat list of samples."""
     num_threads: int | None = 1
     """torch intra-op threads set at construction; None leaves the process setting alone."""
     device: str = "cpu"
@@ -74,6 +76,7 @@ class TrainerConfig:
             ("kl_coef", self.kl_coef >= 0, ">= 0"),
             ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "> 0 or None"),
             ("num_threads", self.num_threads is None or self.num_threads >= 1, ">= 1 or None"),
+            ("micro_batch_size", self.micro_batch_size >= 1, ">= 1"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -333,8 +336,28 @@ class TorchTrainer:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
         return int(t.item())
 
-    def train_step(self, microbatches: Sequence[Microbatch], total_tokens: int | None = None) -> dict[str, float]:
-        """One optimizer step over ``microbatches`` (this rank's share of the batch)."""
+    def as_microbatches(self, batch: Sequence[TrainSample] | Sequence[Microbatch]) -> list[Microbatch]:
+        """Accept either micro-batches or a flat list of samples (split by micro_batch_size)."""
+        if batch and isinstance(batch[0], TrainSample):
+            return make_microbatches(batch, self.config.micro_batch_size)  # type: ignore[arg-type]
+        return list(batch)  # type: ignore[arg-type]
+
+    def compute_gradients(
+        self, batch: Sequence[TrainSample] | Sequence[Microbatch], total_tokens: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """Summed flat fp32 gradients of a batch (no optimizer step, no DP all-reduce)."""
+        chunk = self.compute_chunk_grads(self.as_microbatches(batch), total_tokens, per_microbatch=False)
+        return chunk.grads[0]
+
+    def train_step(
+        self, batch: Sequence[TrainSample] | Sequence[Microbatch], total_tokens: int | None = None
+    ) -> dict[str, float]:
+        """One optimizer step over this rank's share of the batch.
+
+        Exactly ``apply_grads([compute_chunk_grads(microbatches, N)])`` with N the global
+        token count, so it is bitwise equal to any chunked computation of the same step.
+        """
+        microbatches = self.as_microbatches(batch)
         if total_tokens is None:
             total_tokens = self.global_token_count(microbatches)
         chunk = self.compute_chunk_grads(microbatches, total_tokens, per_microbatch=False)

@@ -210,10 +210,14 @@ class VLLMEngine:
         self.version = int(version)
 
     def close(self) -> None:
-        engine = getattr(self.llm, "llm_engine", None)
-        shutdown = getattr(engine, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        """Release the engine core (KV cache, model) now rather than at garbage collection."""
+        if self.llm is None:
+            return
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and callable(getattr(core, "shutdown", None)):
+            core.shutdown()
+        self.llm = None
+        gc.collect()
 
 
 @dataclass
@@ -272,7 +276,8 @@ class AsyncVLLMEngine:
                     yield _snapshot(live.state, finish_reason="abort")
                     return
                 reason = None
-                async for snapshot, reason in self._attempt(live):
+                async for snapshot, attempt_reason in self._attempt(live):
+                    reason = attempt_reason
                     yield snapshot
                 if reason in ("stop", "length"):
                     live.state.finished, live.state.finish_reason = True, reason

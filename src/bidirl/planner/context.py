@@ -31,6 +31,7 @@ class PlanContext:
     _rollout: dict[int, RolloutStageModel] = field(default_factory=dict, repr=False)
     _train: dict[int, TrainStageModel] = field(default_factory=dict, repr=False)
     _max: dict[int, float] = field(default_factory=dict, repr=False)
+    _staggered: dict[int, object] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_scenario(cls, scenario, steps: int | None = None) -> PlanContext:
@@ -68,8 +69,12 @@ class PlanContext:
 
     @property
     def plan_context(self) -> float:
-        """KV tokens a running sequence holds on average (paged KV, continuous batching)."""
-        return self.lengths.running_context
+        """KV tokens per sequence that size a replica's concurrency: prompt + mean response.
+
+        The engine admits by expected context (KV pages are allocated as tokens appear),
+        as the simulator and vLLM's scheduler do, not by the worst case.
+        """
+        return self.lengths.sample_tokens
 
     def rollout_model(self, tp: int) -> RolloutStageModel:
         if tp not in self._rollout:
@@ -86,6 +91,12 @@ class PlanContext:
         if n not in self._max:
             self._max[n] = self.lengths.expected_max(n)
         return self._max[n]
+
+    def staggered_max(self, n: int):
+        """``lengths.staggered_max`` memoised (one table per batch size)."""
+        if n not in self._staggered:
+            self._staggered[n] = self.lengths.staggered_max(n)
+        return self._staggered[n]
 
     def cost(self, name: str, prior: float) -> float:
         """A scenario cost override (``costs.<name>``) or the prior."""

@@ -12,7 +12,12 @@ formulas ask for follows from that grid:
 * ``expected_max(n)``: the longest of ``n`` responses (the long-tail term), from order
   statistics on the grid: ``E[max] = sum_i q_i ((i+1)^n - i^n) / K^n``;
 * ``train_seq_len``: the length that makes ``tokens * seq_len`` equal the sum of squares
-  of the packed sequences (the attention term of a training micro-batch).
+  of the packed sequences (the attention term of a training micro-batch);
+* ``staggered_max(n)``: ``x -> E[max_i (L_i - U_i x)]`` over ``n`` responses whose starts
+  are spread uniformly (``U_i``) over a window of ``x`` decode steps: how far past the
+  start of its last group a batch runs when its groups had to queue for slots.  With
+  ``G(l) = int_0^l F(u) du``, ``P(L - U x <= y) = (G(y + x) - G(y)) / x``, and
+  ``E[max] = y_hi - int F_Y(y)^n dy``; tabulated once per ``n`` on a grid of ``x``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
 
+import numpy as np
+
 GRID = 2048  # quantile points; the expected-max weights stay exact for any n
+_Y_POINTS = 768  # integration points of the staggered maximum
+_X_GRID = np.concatenate(([0.0], np.geomspace(1e-3, 1e3, 61)))  # x / max length
 
 
 def _quantile_grid(rl) -> list[float]:
@@ -82,6 +91,35 @@ class LengthStats:
     def quantile(self, prob: float) -> float:
         i = min(len(self.quantiles) - 1, max(0, int(prob * len(self.quantiles))))
         return self.quantiles[i]
+
+    def staggered_max(self, n: int):
+        """``x -> E[max_i (L_i - U_i x)]`` for ``n`` responses (module docstring)."""
+        q = np.asarray(self.quantiles)
+        top = float(q[-1])
+        grid_l = np.linspace(0.0, top, 2049)
+        cdf = np.searchsorted(q, grid_l, side="right") / len(q)
+        g = np.concatenate(([0.0], np.cumsum((cdf[1:] + cdf[:-1]) * 0.5 * np.diff(grid_l))))
+
+        def big_g(v: np.ndarray) -> np.ndarray:
+            # Beyond the top, F = 1: G grows linearly.
+            return np.where(v <= top, np.interp(np.clip(v, 0, top), grid_l, g),
+                            g[-1] + (v - top))
+
+        values = []
+        for x in _X_GRID * top:
+            if x <= 0:
+                values.append(self.expected_max(n))
+                continue
+            y = np.linspace(-x, top, _Y_POINTS)
+            f = np.clip((big_g(y + x) - big_g(y)) / x, 0.0, 1.0)
+            integral = float(np.sum((f[1:] ** n + f[:-1] ** n) * 0.5 * np.diff(y)))
+            values.append(top - integral)
+        xs, ms = _X_GRID * top, np.asarray(values)
+
+        def m_of(x: float) -> float:
+            return float(np.interp(x, xs, ms)) if x < xs[-1] else float(ms[-1])
+
+        return m_of
 
     def expected_max(self, n: int) -> float:
         """Expected longest response among ``n`` independent draws."""

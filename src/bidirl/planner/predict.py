@@ -80,10 +80,15 @@ class _Model:
 
     a: float  # decode step fixed part (weights read + overhead)
     beta: float  # decode step per running sequence
-    cap: int  # sequences a replica holds
+    cap: float  # running sequences of a replica whose group slots are all taken
+    group_slots: int  # prompt groups a replica holds at once
     tokens: float  # B E[L]: decoded tokens per step
     longest: float  # E[max of B lengths]
     longest_replica: float  # E[max of B / N_r lengths]
+    staggered: object  # x -> E[max_i (L_i - U_i x)] over the B responses of a batch
+    responses: int  # B
+    group_size: int
+    first_running: float  # sequences per replica in flight when the run starts
     prefill_step_s: float  # replica-seconds of prefill per batch
     prefill_group_s: float
     micro_count: float  # micro-batches per step (the last one partial)
@@ -127,11 +132,18 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
     w = ctx.cost("weight_sync_s", weight_sync_s(hw, ctx.model, ctx.devices > hw.devices_per_node))
     per_replica = max(1, round(ctx.responses_per_step / env.rollout_replicas))
     c_roll, c_train = _switch_costs(ctx, env)
+    group_slots = max(1, env.rollout_concurrency // ctx.group_size)
     return _Model(
-        a=a, beta=cc + k * L.running_context, cap=max(1, env.rollout_concurrency),
+        a=a, beta=cc + k * L.running_context,
+        cap=group_slots * ctx.group_size * L.mean / ctx.expected_max(ctx.group_size),
+        group_slots=group_slots,
         tokens=ctx.responses_per_step * L.mean,
         longest=ctx.expected_max(ctx.responses_per_step),
         longest_replica=ctx.expected_max(per_replica),
+        staggered=ctx.staggered_max(ctx.responses_per_step), responses=ctx.responses_per_step,
+        group_size=ctx.group_size,
+        first_running=(ctx.staleness + 1) * ctx.responses_per_step * L.mean
+        / (env.rollout_replicas * ctx.expected_max(ctx.responses_per_step)),
         prefill_step_s=ctx.prompts_per_step * prefill_group, prefill_group_s=prefill_group,
         micro_count=full + (t_rest / t_full if t_full > 0 else 0.0), micro_s=t_full,
         aux_micro_s=t_aux, max_rank_s=max_rank,
@@ -158,6 +170,23 @@ class _Steady:
     theta: float
     running: float
     fluid: float
+    queue: float
+    step: float
+
+
+def _queue(m: _Model, fluid: float, running: float, replicas: float) -> float:
+    """How long a batch's last group waits for a group slot after the batch is admitted:
+    all of the fluid period when the pool is saturated, none when its free group slots
+    hold the whole batch."""
+    groups = m.responses / m.group_size
+    free = replicas * m.group_slots * max(0.0, 1.0 - running / m.cap)
+    return fluid * min(1.0, max(0.0, (groups - free) / groups))
+
+
+def _tail(m: _Model, queue: float, step: float) -> float:
+    """From the last group's start to the batch's last response: responses started over
+    the ``queue`` window finish ``step * staggered(queue / step)`` after it closes."""
+    return step * m.staggered(queue / step) + m.prefill_group_s
 
 
 def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _Steady:
@@ -165,22 +194,47 @@ def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _
     n = float(env.rollout_replicas)
     theta = m.max_rank_s + m.overhead_s
     if option in ("roll_on_train", "both") and env.borrowable_replicas:
+        # Lent replicas are fed only queued groups: they add capacity for the share of
+        # the period in which groups wait for a slot on the primaries.
+        b0 = _running(m, period, n)
+        fluid0 = _fluid(m, n)
+        queued = _queue(m, fluid0, b0, n) / fluid0
         window = max(0.0, period - theta - m.c_roll)
-        n += env.borrowable_replicas * window / period
+        n += env.borrowable_replicas * window / period * queued
     b = _running(m, period, n)
     step = m.a + m.beta * b
     if option in ("train_on_roll", "both") and env.aux_trainer_ranks:
-        # Micro-batches per second of the primary ranks and of the auxiliary trainers.
+        # A replica is lent at step start if it has run dry: the share of the period
+        # after its own longest response.  Rates are micro-batches per second.
+        idle = max(0.0, 1.0 - m.longest_replica * step / period)
         rate_p = env.train_dp / m.micro_s
-        rate_a = env.aux_trainer_ranks / m.aux_micro_s
-        idle = max(0.0, period - m.longest_replica * step)
+        rate_a = env.aux_trainer_ranks * idle / m.aux_micro_s
         shared = (m.micro_count + rate_a * m.c_train) / (rate_p + rate_a)
-        limited = (m.micro_count - rate_a * max(0.0, idle - m.c_train)) / rate_p
-        theta = min(theta, m.overhead_s + max(shared, limited))
-    latency = m.longest * step + m.prefill_group_s
+        theta = min(theta, m.overhead_s + shared)
     fluid = _fluid(m, n)
+    queue = _queue(m, fluid, b, n)
+    latency = queue + _tail(m, queue, step)
     rhs = max(fluid, theta, (latency + m.weight_sync_s + theta) / (s + 1))
-    return _Steady(rhs, latency, theta, b, fluid)
+    return _Steady(rhs, latency, theta, b, fluid, queue, step)
+
+
+def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int) -> float:
+    """Wall time of ``steps`` steps: the pipeline fill, steady periods, a shorter last tail.
+
+    At the start ``s + 1`` batches are admissible and every group slot is free, so batch
+    0 queues only for what does not fit; the last batch drains with nothing admitted
+    behind it, so its tail runs at about half the steady load.
+    """
+    n = float(env.rollout_replicas)
+    if option in ("roll_on_train", "both"):
+        n += env.borrowable_replicas  # the trainer idles from the start
+    b0 = min(float(m.cap), m.first_running * env.rollout_replicas / n)
+    q0 = _queue(m, _fluid(m, n), 0.0, n)
+    first = q0 + _tail(m, q0, m.a + m.beta * b0)
+    steady_tail = _tail(m, st.queue, st.step)
+    last_tail = _tail(m, st.queue, m.a + m.beta * st.running / 2)
+    ending = max(0.0, steady_tail - last_tail) if steps > 1 else 0.0
+    return first + st.theta + (steps - 1) * st.period - ending
 
 
 def _solve(m: _Model, env: Envelope, s: int, option: str) -> _Steady:
@@ -199,20 +253,25 @@ def _solve(m: _Model, env: Envelope, s: int, option: str) -> _Steady:
     return _evaluate(m, env, s, option, hi)
 
 
-def predict(ctx: PlanContext, env: Envelope) -> Prediction:
-    """Predicted throughput of a hot-switch-compatible (sized) envelope."""
+def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS) -> Prediction:
+    """Predicted throughput of a hot-switch-compatible (sized) envelope.
+
+    Each borrowing option in ``options`` is solved; the best predicted throughput wins
+    (``none`` on ties), as the runtime lends only when it pays.
+    """
     m = _model(ctx, env)
     s = ctx.staleness
-    results = {opt: _solve(m, env, s, opt) for opt in OPTIONS}
-    base = results["none"]
-    option = min(OPTIONS, key=lambda o: (results[o].period, OPTIONS.index(o)))
-    st = results[option]
-    if st.period >= base.period * (1 - 1e-9):
-        option, st = "none", base
+    base = _solve(m, env, s, "none")
+    best = None
+    for option in options:
+        st = base if option == "none" else _solve(m, env, s, option)
+        wall = _wall(m, env, st, option, ctx.steps)
+        if best is None or wall < best[0] * (1 - 1e-9):
+            best = (wall, option, st)
+    wall, option, st = best
     gate = (st.latency + m.weight_sync_s + st.theta) / (s + 1)
     regime = ("staleness" if gate >= max(st.fluid, st.theta) * (1 - 1e-9)
               else "rollout" if st.fluid >= st.theta else "train")
-    wall = st.latency + st.theta + (ctx.steps - 1) * st.period
     return Prediction(
         tokens_per_s=ctx.steps * ctx.tokens_per_step / wall, step_time_s=st.period,
         wall_s=wall, regime=regime, rollout_s=base.fluid, latency_s=st.latency,

@@ -1,25 +1,24 @@
 """Admission: borrow only when the predicted benefit exceeds the predicted switch cost.
 
-Both directions are judged by the same yardstick, *when can the trainer start its next
-step*, predicted with the calibrated stage-time models (``controller.estimates``) and the
-measured switch costs.  ``benefit_s`` is how much earlier the trainer could start if the
-borrowed devices came for free; ``cost_s`` is how much of that the switches (C_in, C_out,
-C_grad) and the rollout capacity given away take back.  A borrow is admitted only when
-``benefit_s > cost_s``, i.e. only at a predicted gain; the decision record is kept for
-metrics (``SimResult.admission``).
+Both directions are judged by one yardstick, *when can the trainer start its next
+step*, predicted with the calibrated stage-time models and the measured switch costs
+(``policy.predict``).  ``benefit_s`` is how much earlier the trainer could start if the
+borrow were free (no C_in / C_out / C_grad, no rollout capacity given away); ``cost_s`` is
+how much of that the switches and the lost capacity take back.  A borrow is admitted
+only when ``benefit_s > cost_s``, i.e. only at a predicted gain; every decision record is
+kept for metrics (``SimResult.admission``).
 
-Rollouter-on-TrainPool (the trainer waits for batch b)::
+Rollouter-on-TrainPool (the trainer waits for batch b; the borrowed replicas mostly
+run batch b+1, so the horizon is the start of step b+1)::
 
-    X = queued + half of running work of batches <= b (tokens);  R = primary rollout rate
-    no borrow:   ready0 = X / R
-    k replicas:  ready_k = C_in + max((X - R C_in) / (R + k r), (X_run - R C_in) / R, 0)
-    trainer start: ready0  vs  ready_k + C_out          (running work cannot move)
+    next start = max(ready(b) [+ C_out] + step + weight sync, ready(b+1))
+    ready_k: k more replicas after C_in
 
-Trainer-on-RollPool (a step starts; some replicas are idle)::
+Trainer-on-RollPool (a step starts while k replicas are idle)::
 
-    step_k  = makespan of the chunk plan with k auxiliaries (startup drain, C_grad)
-    ready_k = when batch b+1 is ready if k replicas leave rollout for step_k + C_out
-    next start = max(step_k + merge + weight sync, ready_k)   vs   the same with k = 0
+    next start = max(step + merge + weight sync, ready(b+1))
+    step_k: chunk plan with k auxiliaries (startup drain, C_grad);
+    ready_k(b+1): k replicas away for step_k + C_out, the others more crowded
 """
 
 from __future__ import annotations
@@ -51,56 +50,42 @@ def decide(direction: str, t: float, units: int, benefit_s: float, cost_s: float
                              units > 0 and benefit_s > cost_s)
 
 
-def rollout_ready_s(work_tokens: float, rate: float, away_rate: float = 0.0,
-                    away_s: float = 0.0) -> float:
-    """Time to generate ``work_tokens`` at ``rate``, of which ``away_rate`` is missing
-    for the first ``away_s`` seconds (replicas lent out)."""
-    if work_tokens <= 0:
-        return 0.0
-    reduced = rate - away_rate
-    if reduced <= 0:
-        return away_s + work_tokens / rate
-    if work_tokens <= reduced * away_s:
-        return work_tokens / reduced
-    return away_s + (work_tokens - reduced * away_s) / rate
-
-
-def roll_on_train(t: float, units: int, work_tokens: float, running_tokens: float,
-                  pool_rate: float, unit_rate: float, c_in_s: float,
+def roll_on_train(t: float, units: int, step_s: float, ready0: tuple[float, float],
+                  ready_free: tuple[float, float], ready_k: tuple[float, float],
                   c_out_s: float) -> AdmissionDecision:
-    """Lend ``units`` idle trainer units as rollout replicas until batch b is ready?"""
-    if units <= 0 or pool_rate <= 0 or work_tokens <= 0:
+    """Lend ``units`` idle trainer units as rollout replicas until batch b is ready?
+
+    Judged over two steps, because replicas borrowed while the trainer waits for batch b
+    mostly work on batch b+1: each ``ready*`` is (seconds until b is ready, until b+1 is
+    ready) without borrowing, with free borrowed replicas, and with C_in paid.
+    ``step_s``: the trainer's step plus weight sync.  The trainer starts step b at
+    ready(b) (+ C_out when it must reclaim first) and step b+1 at
+    max(that + step_s, ready(b+1)).
+    """
+    if units <= 0:
         return decide("roll_on_train", t, 0, 0.0, 0.0)
-    ready0 = work_tokens / pool_rate
-    extra = units * unit_rate
 
-    def ready(c_in: float) -> float:
-        shared = (work_tokens - pool_rate * c_in) / (pool_rate + extra)
-        pinned = (running_tokens - pool_rate * c_in) / pool_rate
-        return c_in + max(shared, pinned, 0.0)
+    def next_start(ready: tuple[float, float], c_out: float) -> float:
+        return max(ready[0] + c_out + step_s, ready[1])
 
-    free = ready(0.0)
-    with_costs = ready(c_in_s) + c_out_s
-    return decide("roll_on_train", t, units, ready0 - free, with_costs - free)
+    j0 = next_start(ready0, 0.0)
+    j_free = min(j0, next_start(ready_free, 0.0))
+    return decide("roll_on_train", t, units, j0 - j_free, next_start(ready_k, c_out_s) - j_free)
 
 
 def train_on_roll(t: float, units: int, step0_s: float, step_free_s: float,
-                  step_k_s: float, after_s: float, next_work_tokens: float,
-                  pool_rate: float, unit_rate: float, away_s: float,
-                  c_out_s: float) -> AdmissionDecision:
+                  step_k_s: float, after_s: float, ready0_s: float,
+                  ready_k_s: float) -> AdmissionDecision:
     """Lend ``units`` idle rollout replicas as auxiliary trainers for this step?
 
-    ``step0_s``: predicted step without auxiliaries; ``step_free_s``/``step_k_s``: with
-    them, ignoring / including C_in and C_grad.  ``after_s``: merge + weight sync.
+    ``step0_s``: predicted step (until the last gradient is in) without auxiliaries;
+    ``step_free_s`` / ``step_k_s``: with them, ignoring / including C_in and C_grad.
+    ``after_s``: merge + weight sync.  ``ready0_s`` / ``ready_k_s``: when the next batch
+    is complete without / with the replicas lent away.
     """
     if units <= 0:
         return decide("train_on_roll", t, 0, 0.0, 0.0)
-
-    def next_start(step_s: float, lent: int, away: float) -> float:
-        ready = rollout_ready_s(next_work_tokens, pool_rate, lent * unit_rate, away)
-        return max(step_s + after_s, ready)
-
-    j0 = next_start(step0_s, 0, 0.0)
-    j_free = next_start(step_free_s, units, step_free_s)
-    j_cost = next_start(step_k_s, units, away_s + c_out_s)
-    return decide("train_on_roll", t, units, j0 - j_free, j_cost - j_free)
+    j0 = max(step0_s + after_s, ready0_s)
+    j_free = max(min(step_free_s, step0_s) + after_s, ready0_s)
+    j_k = max(step_k_s + after_s, ready_k_s)
+    return decide("train_on_roll", t, units, j0 - j_free, j_k - j_free)

@@ -60,7 +60,12 @@ def policy_names() -> list[str]:
 def _load_all() -> None:
     # Importing the modules registers them; the order is the paper's table order.
     from bidirl.policy import (  # noqa: F401
-        asynchronous, bidirl, bidirl_opportunistic, one_step_off, roll_borrow, sync,
+        asynchronous,
+        bidirl,
+        bidirl_opportunistic,
+        one_step_off,
+        roll_borrow,
+        sync,
         train_borrow,
     )
 
@@ -78,9 +83,18 @@ def batch_micro_batches(s: ClusterState) -> list[MicroBatch]:
 
 
 def micro_means(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[float, float]:
-    """Predicted mean micro-batch time on a primary rank and on an auxiliary trainer."""
-    return (mean([s.est.micro_s(mb) for mb in mbs]),
-            mean([s.est.micro_s(mb, aux=True) for mb in mbs]))
+    """Predicted mean micro-batch time on a primary rank and on an auxiliary trainer.
+
+    The models are linear in (1, tokens, tokens * seq_len), so the mean time is the
+    time of the mean features: O(micro-batches) sums, one prediction each.
+    """
+    if not mbs:
+        return 0.0, 0.0
+    n = len(mbs)
+    tok = sum(mb.tokens for mb in mbs) / n
+    att = sum(mb.tokens * mb.seq_len for mb in mbs) / n
+    feats = (1.0, tok, att)
+    return s.est.train.micro.predict(feats), s.est.aux.micro.predict(feats)
 
 
 def build_step(s: ClusterState, mbs: Sequence[MicroBatch], aux: Sequence[AuxExecutor],
@@ -92,7 +106,7 @@ def build_step(s: ClusterState, mbs: Sequence[MicroBatch], aux: Sequence[AuxExec
     """
     spec, b = s.spec, s.next_step
     gids = tuple(range(b * spec.groups_per_step, (b + 1) * spec.groups_per_step))
-    p_s, a_s = micro_means(s, mbs) if aux else (mean([s.est.micro_s(mb) for mb in mbs]), 0.0)
+    p_s, a_s = micro_means(s, mbs)
     plan = plan_chunks(len(mbs), p_s, spec.train_dp, aux, a_s)
     chunks = [Chunk(PRIMARY, tuple(range(plan.primary)))]
     start = plan.primary

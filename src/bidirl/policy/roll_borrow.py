@@ -22,7 +22,7 @@ from bidirl.controller.actions import Action, Lend, Reclaim
 from bidirl.controller.events import Event, GroupsCompleted
 from bidirl.controller.state import ClusterState, Phase, UnitStatus
 from bidirl.core.ledger import Role
-from bidirl.policy import admission
+from bidirl.policy import admission, predict
 from bidirl.policy.asynchronous import AsyncPolicy
 from bidirl.policy.base import register
 
@@ -55,13 +55,15 @@ class RollLending:
         if not self.guided:
             return admission.AdmissionDecision("roll_on_train", s.t, units, 0.0, 0.0,
                                                units > 0, guided=False)
-        b, tokens = s.next_step, est.group_tokens()
-        running = 0.5 * s.running_groups(b) * tokens  # on average half generated
-        work = s.queued_groups(b) * tokens + running
-        rate = est.replica_rate()
+        b = s.next_step
+        c_in = est.switch.estimate("roll_on_train.c_in")
+
+        def ready(add: int, delay: float) -> tuple[float, float]:
+            return (predict.ready_in(s, b, add, delay), predict.ready_in(s, b + 1, add, delay))
+
         return admission.roll_on_train(
-            s.t, units, work, running, s.home_replicas() * rate, rate,
-            est.switch.estimate("roll_on_train.c_in"), est.switch.estimate("roll_on_train.c_out"))
+            s.t, units, est.step_s.value + est.weight_sync_s(), ready(0, 0.0),
+            ready(units, 0.0), ready(units, c_in), est.switch.estimate("roll_on_train.c_out"))
 
     def _trainer_waits(self, s: ClusterState) -> bool:
         return (s.phase is Phase.IDLE and s.pending_sync is None and not s.finished

@@ -22,7 +22,7 @@ from bidirl.controller.actions import Action, Lend, MicroBatch, Reclaim
 from bidirl.controller.events import Event, GroupsCompleted, TrainStepFinished
 from bidirl.controller.state import ClusterState, Phase, UnitStatus
 from bidirl.core.ledger import Role
-from bidirl.policy import admission
+from bidirl.policy import admission, predict
 from bidirl.policy.asynchronous import AsyncPolicy
 from bidirl.policy.base import micro_means, register
 from bidirl.policy.split import AuxExecutor, plan_chunks
@@ -71,11 +71,10 @@ class AuxLending:
         p_s, a_s = micro_means(s, mbs)
         n, dp = len(mbs), spec.train_dp
         step0 = plan_chunks(n, p_s, dp, ready, a_s).makespan_s
-        tokens = est.group_tokens()
         b1 = s.next_step + 1
-        work = (s.queued_groups(b1) + 0.5 * s.running_groups(b1)) * tokens
-        rate = est.replica_rate()
         after = est.merge_s() + est.weight_sync_s()
+        c_out = est.switch.estimate("train_on_roll.c_out")
+        ready0 = predict.ready_in(s, b1)
         best = None
         k = 1
         while True:
@@ -85,8 +84,8 @@ class AuxLending:
             plan = plan_chunks(n, p_s, dp, ready + paid, a_s)
             d = admission.train_on_roll(
                 s.t, k, step0, plan_chunks(n, p_s, dp, ready + free, a_s).makespan_s,
-                plan.makespan_s, after, work, s.home_replicas() * rate, rate,
-                plan.makespan_s, est.switch.estimate("train_on_roll.c_out"))
+                plan.makespan_s, after, ready0,
+                predict.ready_in(s, b1, remove=k, remove_s=plan.makespan_s + c_out))
             if sum(plan.aux[len(ready):]) < k:
                 d = admission.decide("train_on_roll", s.t, k, d.benefit_s, float("inf"))
             if best is None or d.net_s > best.net_s:

@@ -93,6 +93,8 @@ class RayRuntime:
         self.hosted: dict[int, str] = {u: "rollout" for u in range(self.spec.n_replicas)}
         self.running: dict[int, int] = {}
         self.run_ref: dict[int, Any] = {}
+        self._after_run: dict[int, int] = {}
+        self._lending: dict[int, str] = {}
         self.unit_groups: dict[int, set[int]] = {}
         self.reclaiming: set[int] = set()
         self.aux_version: dict[int, int] = {}
@@ -127,7 +129,10 @@ class RayRuntime:
             if self.controller.finished or should_stop():
                 return
             if not self._inflight:
-                raise RuntimeError("runtime stalled: nothing in flight, nothing to do, run not finished")
+                st = self.controller.state
+                raise RuntimeError(
+                    f"runtime stalled: nothing in flight and the run is not finished (next step {st.next_step}, "
+                    f"phase {st.phase.value}, running groups {st.running}, done per batch {st.done[:8]})")
             self._wait_and_dispatch()
             self._refresh_clock()
 
@@ -181,6 +186,8 @@ class RayRuntime:
         if reqs:
             self._call(dev, lambda _: None, None, self._worker(dev).call, "rollout", "submit", reqs)
             self.running[u] = self.running.get(u, 0) + len(reqs)
+            if self.run_ref.get(u) is not None:  # queued behind the run call in flight
+                self._after_run[u] = self._after_run.get(u, 0) + len(reqs)
             self._ensure_run(u)
 
     def _ensure_run(self, u: int) -> None:
@@ -188,12 +195,14 @@ class RayRuntime:
             return
         dev = self.unit_device(u)
         budget = HOME_RUN_BUDGET_S if u < self.spec.n_replicas else BORROWED_RUN_BUDGET_S
+        self._after_run[u] = 0
         self.run_ref[u] = self._call(dev, lambda out: self._on_run(u, out), ("rollout", "rollout"),
                                      self._worker(dev).call, "rollout", "run", budget)
 
     def _on_run(self, u: int, out: dict) -> None:
         self.run_ref[u] = None
-        self.running[u] = out["running"]
+        # Requests submitted after this run call was issued were not counted by it.
+        self.running[u] = out["running"] + self._after_run.pop(u, 0)
         done = self.store.absorb_finished(out["finished"])
         done = [g for g in done if g in self.unit_groups.get(u, ())]
         if done:
@@ -331,9 +340,11 @@ class RayRuntime:
                                                                       "config": self.trainer_kwargs.get("config")}
         kwargs.update(weights=w, version=self.version)
         self._switching[dev] = "C_in"
+        self._lending[u] = role
 
         def done(seconds):
             self._switching.pop(dev, None)
+            self._lending.pop(u, None)
             self.hosted[u] = role
             if role == "rollout":
                 self.rollout_version[u] = kwargs["version"]
@@ -347,8 +358,9 @@ class RayRuntime:
 
     def _reclaim(self, a: Reclaim) -> None:
         u, dev = a.unit, self.unit_device(a.unit)
-        role = self.hosted.get(u)
-        if role is None:
+        # A reclaim may follow a lend still under way: the worker runs them in order.
+        role = self._lending.get(u) or self.hosted.get(u)
+        if role is None or (u < self.spec.n_replicas and role == "rollout"):
             raise RuntimeError(f"reclaim of unit {u}, which hosts no borrowed role")
         self.reclaiming.add(u)
 

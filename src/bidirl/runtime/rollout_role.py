@@ -64,7 +64,8 @@ class RolloutRole:
     """A vLLM engine in this process, with version-tagged, abortable, resumable requests."""
 
     def __init__(self, model_dir: str, *, max_num_seqs: int = 128, max_model_len: int = 512,
-                 dtype: str = "float32", seed: int = 0, device: str = "cpu") -> None:
+                 dtype: str = "float32", seed: int = 0, device: str = "cpu",
+                 kv_cache_bytes: int = 256 << 20) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
@@ -72,7 +73,9 @@ class RolloutRole:
         self.model_dir = model_dir
         self._llm = LLM(model=model_dir, dtype=dtype, distributed_executor_backend="uni",
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                        enforce_eager=True, seed=seed, enable_prefix_caching=False)
+                        enforce_eager=True, seed=seed, enable_prefix_caching=False,
+                        # Explicit: otherwise vLLM sizes the KV cache from (shared) host memory.
+                        kv_cache_memory_bytes=kv_cache_bytes)
         self._engine = self._llm.llm_engine
         self._live: dict[str, ResponseRequest] = {}
         self._partial: dict[str, ResponseResult] = {}
@@ -142,12 +145,33 @@ class RolloutRole:
         import torch
 
         t0 = time.perf_counter()
-        tensors = ((k, torch.from_numpy(v)) for k, v in named_arrays.items())
+        tensors = ((k, torch.from_numpy(v.copy() if not v.flags.writeable else v))
+                   for k, v in named_arrays.items())
         self._llm.collective_rpc("reload_weights",
                                  kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
         self._llm.reset_prefix_cache()
         self.version = version
         return time.perf_counter() - t0
+
+    def set_weights(self, named_arrays: dict, version: int) -> float:
+        return self.update_weights(named_arrays, version)
+
+    def sleep(self) -> None:
+        """Give memory back while parked: KV cache on CUDA (vLLM sleep level 1)."""
+        self.abort_all()
+        if self._on_cuda():
+            self._llm.sleep(level=1)
+
+    def wake(self) -> None:
+        if self._on_cuda():
+            self._llm.wake_up()
+        self._llm.reset_prefix_cache()
+
+    @staticmethod
+    def _on_cuda() -> bool:
+        import torch
+
+        return torch.cuda.is_available()
 
     def release(self) -> None:
         """Drop the engine and its memory (the role's C_out)."""

@@ -104,6 +104,14 @@ class TrainerRole:
         self.trainer.load_checkpoint(ckpt_dir)
         return self.trainer.version
 
+    def sleep(self) -> None:
+        """Parked auxiliary trainer: drop gradients; weights are refreshed on wake."""
+        for p in self.trainer.params.values():
+            p.grad = None
+
+    def wake(self) -> None:
+        return None
+
     def abort_all(self) -> None:
         return None
 

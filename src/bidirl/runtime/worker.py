@@ -29,6 +29,10 @@ class DeviceWorker:
         torch.set_num_threads(threads)
         self.device, self.pool, self.threads, self.seed = device, pool, threads, seed
         self.roles: dict[str, Any] = {}
+        # Released borrowed roles are parked, not destroyed: the next lend wakes them
+        # (vLLM sleep/wake on CUDA; on CPU the engine simply stays in host memory), so a
+        # hot switch costs a weight load instead of an engine start.
+        self.parked: dict[str, Any] = {}
 
     def ping(self) -> dict:
         return {"device": self.device, "pool": self.pool, "pid": os.getpid(),
@@ -40,7 +44,13 @@ class DeviceWorker:
         if role in self.roles:
             raise RuntimeError(f"device {self.device} already hosts {role}")
         t0 = time.perf_counter()
-        if role == "rollout":
+        if role in self.parked:
+            r = self.parked.pop(role)
+            r.wake()
+            if kwargs.get("weights") is not None:
+                r.set_weights(kwargs["weights"], kwargs.get("version", 0))
+            self.roles[role] = r
+        elif role == "rollout":
             from bidirl.runtime.rollout_role import RolloutRole
 
             weights, version = kwargs.pop("weights", None), kwargs.pop("version", 0)
@@ -67,15 +77,27 @@ class DeviceWorker:
             raise ValueError(f"unknown role {role!r}; allowed: rollout, train, aux_train")
         return time.perf_counter() - t0
 
-    def release(self, role: str) -> tuple[float, Any]:
-        """Take ``role`` down; returns (seconds, what it handed back: rollout partials)."""
+    def release(self, role: str, park: bool = True) -> tuple[float, Any]:
+        """Take ``role`` down; returns (seconds, what it handed back: rollout partials).
+
+        ``park`` keeps the role's objects for a fast next ``host`` (hot switch); without
+        it the role is destroyed and its memory returned.
+        """
         r = self.roles.pop(role, None)
         if r is None:
             raise RuntimeError(f"device {self.device} does not host {role}")
         t0 = time.perf_counter()
         handed_back = r.abort_all() if role == "rollout" else None
-        r.release()
+        if park:
+            r.sleep()
+            self.parked[role] = r
+        else:
+            r.release()
         return time.perf_counter() - t0, handed_back
+
+    def kill(self) -> None:
+        """Die now (fault-injection tests): Ray reports the actor as dead to the driver."""
+        os._exit(1)
 
     def call(self, role: str, method: str, *args, **kwargs):
         """Run ``method`` of a hosted role (the driver's one entry point into roles)."""

@@ -73,7 +73,8 @@ class ReplicaEngine:
             self.base_sum += base
             prefill += p
             n += 1
-            last = max(last, f)
+            if f > last:
+                last = f
         self.b += n
         done_tokens = 0 if prefixes is None else sum(
             lengths[i] for i in range(len(lengths)) if i not in prefixes)
@@ -94,37 +95,47 @@ class ReplicaEngine:
     def advance(self, until: float) -> list[int]:
         """Run decode steps up to time ``until``; returns the groups that completed."""
         done: list[int] = []
-        if until <= self.t:
+        t = self.t
+        if until <= t:
             return done
         a, c, kk = self.theta
         fin, groups, nz, acc = self.fin, self.groups, self.noise, self.decode_acc
-        tol = _EPS * max(1.0, until)
+        limit = until + _EPS * (until if until > 1.0 else 1.0)
+        k, b, bs = self.k, self.b, self.base_sum
+        f0 = f1 = f2 = secs = 0.0
         while fin:
-            f = fin[0][0]
-            m = f - self.k
-            b = self.b
-            s0 = self.base_sum + b * self.k
+            e = fin[0]
+            f = e[0]
+            m = f - k
+            s0 = bs + b * k
             s_term = m * s0 + b * m * (m - 1) * 0.5
             dt = nz * (m * (a + c * b) + kk * s_term)
-            if self.t + dt > until + tol:
-                self._partial(until, b, s0)
-                return done
-            self.t += dt
-            self.k = f
-            acc[0] += m
-            acc[1] += m * b
-            acc[2] += s_term
-            acc[3] += dt
-            e = fin.pop(0)
-            self.b -= 1
-            self.base_sum -= e[4]
+            if t + dt > limit:
+                break
+            t += dt
+            k = f
+            f0 += m
+            f1 += m * b
+            f2 += s_term
+            secs += dt
+            del fin[0]
+            b -= 1
+            bs -= e[4]
             g = groups[e[1]]
             g[0] -= 1
             g[2] += g[1][e[2]]
             if g[0] == 0:
                 del groups[e[1]]
                 done.append(e[1])
-        self.t = until
+        acc[0] += f0
+        acc[1] += f1
+        acc[2] += f2
+        acc[3] += secs
+        self.t, self.k, self.b, self.base_sum = t, k, b, bs
+        if fin:
+            self._partial(until, b, bs + b * k)
+        else:
+            self.t = until
         return done
 
     def _partial(self, until: float, b: int, s0: float) -> None:

@@ -10,12 +10,14 @@ intervals.
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Iterable
 
 from bidirl.core.timeline import Activity, Interval
 
 BUSY, IDLE, SWITCHING = Activity.BUSY, Activity.IDLE, Activity.SWITCHING
 _INDEX = {BUSY: 0, IDLE: 1, SWITCHING: 2}
+_PACK = struct.Struct("<qdd?").pack
 
 
 class Recorder:
@@ -48,10 +50,11 @@ class Recorder:
         activity, role, label, borrowed = self.state[d]
         pool = self.pool[d]
         self.tally[pool][_INDEX[activity]] += t - start
-        self._sha.update(f"{d}|{pool}|{role}|{activity.value}|{start:.9f}|{t:.9f}|{label}|"
-                         f"{int(borrowed)}\n".encode())
         if self.keep:
             self.intervals.append(Interval(d, pool, role, activity, start, t, label, borrowed))
+        else:  # the canonical line of this interval, hashed as a stream
+            self._sha.update(_PACK(d, start, t, borrowed))
+            self._sha.update(f"{pool}|{role}|{activity.value}|{label}\n".encode())
 
     def finish(self, wall: float) -> None:
         for d in sorted(self.state):

@@ -18,12 +18,22 @@ from collections import deque
 import simpy
 
 from bidirl.controller.actions import (
-    AssignGroups, Lend, Reclaim, StartTrainStep, SyncWeights,
+    AssignGroups,
+    Lend,
+    Reclaim,
+    StartTrainStep,
+    SyncWeights,
 )
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.controller.events import (
-    DeviceLent, DeviceReclaimed, GroupsCompleted, GroupsInterrupted, StageMeasured, Started,
-    TrainStepFinished, WeightsSynced,
+    DeviceLent,
+    DeviceReclaimed,
+    GroupsCompleted,
+    GroupsInterrupted,
+    StageMeasured,
+    Started,
+    TrainStepFinished,
+    WeightsSynced,
 )
 from bidirl.core.ledger import Role
 from bidirl.sim.engine import ReplicaEngine
@@ -90,7 +100,7 @@ class SimRuntime:
     def noise(self) -> float:
         if self._sigma == 0:
             return 1.0
-        return self._rng.lognormvariate(-0.5 * self._sigma * self._sigma, self._sigma)
+        return math.exp(self._rng.gauss(-0.5 * self._sigma * self._sigma, self._sigma))
 
     def _new_engine(self, t: float, version: int) -> ReplicaEngine:
         return ReplicaEngine(self._theta, self.spec.replica_cap, self.spec.prompt_tokens,

@@ -44,8 +44,8 @@ def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
               noise: Callable[[], float]) -> StepTimeline:
     """When every part of step ``a`` happens (all times absolute)."""
     mbs, dp = a.micro_batches, spec.train_dp
-    micro = [truth.train.microbatch_s(mb.tokens, mb.seq_len) for mb in mbs]
-    aux_micro = [truth.aux.microbatch_s(mb.tokens, mb.seq_len) for mb in mbs]
+    micro = micro_times(truth.train.micro.theta, mbs)
+    aux_micro = micro_times(truth.aux.micro.theta, mbs)
     ranks = [0.0] * dp
     feats = [0.0, 0.0, 0.0]
     nth = 0
@@ -61,22 +61,24 @@ def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
     if nth:
         tl.measurements.append(StageMeasured("train_micro", tuple(feats), sum(ranks)))
     merge_start = tl.primary_end
+    feats, computed = [0.0, 0.0, 0.0], 0.0  # one summed measurement for all aux chunks
     for chunk in a.chunks:
         if chunk.executor == PRIMARY or not chunk.micro_batches:
             continue
         u = chunk.executor
         start = max(now, ready_at.get(u, now))
-        feats = [0.0, 0.0, 0.0]
         for i in chunk.micro_batches:
             _add(feats, mbs[i])
         compute = sum(aux_micro[i] for i in chunk.micro_batches) * noise()
+        computed += compute
         ship = 0.0 if u in colocated else truth.switch["train_on_roll.c_grad"] * noise()
         run = AuxRun(u, start, start + compute, start + compute + ship, u in colocated)
         tl.aux.append(run)
-        tl.measurements.append(StageMeasured("aux_micro", tuple(feats), compute))
         if not run.colocated:
             tl.measurements.append(StageMeasured("train_on_roll.c_grad", (), ship))
         merge_start = max(merge_start, run.arrive)
+    if computed:
+        tl.measurements.append(StageMeasured("aux_micro", tuple(feats), computed))
     ranks_total = dp + sum(1 for r in tl.aux if r.colocated)
     wire = truth.train.grad_wire_s(ranks_total, spec.train_spans_nodes or ranks_total > dp)
     sync = truth.train.sync_s(ranks_total, spec.train_spans_nodes or ranks_total > dp) * noise()
@@ -87,6 +89,12 @@ def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
     tl.device_seconds = sum(min(spec.train_tp * p, spec.rollout_tp * q)
                             for p, q in zip(micro, aux_micro))
     return tl
+
+
+def micro_times(theta, mbs) -> list[float]:
+    """``TrainStageModel.microbatch_s`` for many micro-batches (same linear features)."""
+    a, c, q = theta
+    return [a + c * mb.tokens + q * mb.tokens * mb.seq_len for mb in mbs]
 
 
 def _add(feats: list[float], mb) -> None:

@@ -30,7 +30,7 @@ class ResponseLengths:
         b, i = divmod(gid, self.g)
         rows = self._cache.get(b)
         if rows is None:
-            rows = [tuple(int(x) for x in row) for row in self.draw_batch(b)]
+            rows = [tuple(row) for row in self.draw_batch(b).tolist()]
             self._cache[b] = rows
             self._cache.pop(b - 64, None)  # batches that old are long trained
         return rows[i]

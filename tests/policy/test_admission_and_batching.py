@@ -1,0 +1,42 @@
+from bidirl.policy import admission, make_policy, policy_names
+from bidirl.policy.batching import pack_micro_batches
+
+
+def test_decide_admits_only_a_predicted_gain():
+    assert admission.decide("roll_on_train", 0.0, 2, 5.0, 4.9).admit
+    assert not admission.decide("roll_on_train", 0.0, 2, 5.0, 5.0).admit
+    assert not admission.decide("roll_on_train", 0.0, 0, 5.0, 1.0).admit
+
+
+def test_roll_on_train_weighs_switch_costs():
+    # Trainer waits 100 s for batch b; borrowed replicas make b ready at 60 s (free) or
+    # 63 s (after C_in), and b+1 at 150 -> 120.  Step + sync: 30 s.
+    d = admission.roll_on_train(0.0, 4, 30.0, (100.0, 150.0), (60.0, 120.0), (63.0, 123.0), 2.0)
+    assert d.admit and d.benefit_s > d.cost_s > 0
+    # Only the tail is left (borrowing cannot shorten it): C_out makes it a loss.
+    d = admission.roll_on_train(0.0, 4, 30.0, (100.0, 80.0), (100.0, 80.0), (100.0, 80.0), 2.0)
+    assert not d.admit and d.benefit_s == 0.0
+
+
+def test_train_on_roll_rejects_when_rollout_is_the_bottleneck():
+    ok = admission.train_on_roll(0.0, 2, 100.0, 60.0, 70.0, 5.0, 50.0, 55.0)
+    assert ok.admit
+    # Next batch is far away anyway: a faster step buys nothing.
+    no = admission.train_on_roll(0.0, 2, 100.0, 60.0, 70.0, 5.0, 200.0, 205.0)
+    assert not no.admit
+
+
+def test_micro_batches_keep_sample_order_and_tokens():
+    groups = [(10, 20), (30,), (5, 5, 5)]
+    mbs = pack_micro_batches(groups, prompt_tokens=10, target_tokens=50)
+    assert [mb.samples for mb in mbs] == [2, 1, 3]  # 20+30 | 40 | 15+15+15
+    assert sum(mb.tokens for mb in mbs) == sum(10 + x for g in groups for x in g)
+    big = pack_micro_batches([(100,)], 0, 50)  # a sample longer than the target
+    assert len(big) == 1 and big[0].tokens == 100 and big[0].seq_len == 100
+
+
+def test_all_seven_policies_are_registered():
+    assert policy_names() == ["sync", "one-step-off", "async", "roll-borrow", "train-borrow",
+                              "bidirl-opportunistic", "bidirl"]
+    for name in policy_names():
+        assert make_policy(name).name == name
