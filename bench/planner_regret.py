@@ -211,7 +211,7 @@ def speed(devices: int = 256, repeats: int = 3) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="8 grid + 6 random scenarios")
+    ap.add_argument("--quick", action="store_true", help="10 grid + 6 random scenarios, 12 best envelopes each")
     ap.add_argument("--steps", type=int, default=8, help="simulated steps per run")
     ap.add_argument("--random", type=int, default=30, help="random scenarios")
     ap.add_argument("--seed", type=int, default=0)
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = paper_grid(steps=args.steps)
     rand = random_scenarios(args.random, 1000 + args.seed, args.steps)
     if args.quick:
-        grid, rand = grid[::6], rand[:6]
+        grid, rand = grid[::5], rand[:6]
         args.max_envelopes = args.max_envelopes or 12
     cache = SimCache(args.out.with_suffix(".cache.json"), args.fresh)
     rows, t0 = [], time.perf_counter()

@@ -161,13 +161,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Exceptions that mean "your input is wrong": reported in one line, exit status 2."""
     from bidirl.sim.scenario import ScenarioError
 
+    errors: list[type[Exception]] = [UserError, ScenarioError, FileNotFoundError]
+    for mod, name in (("bidirl.runtime.config", "ConfigError"), ("bidirl.algo.data", "DataError"),
+                      ("bidirl.planner.plan", "PlanError")):
+        try:
+            errors.append(getattr(__import__(mod, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UserError, ScenarioError, FileNotFoundError) as e:
+    except _user_errors() as e:
         print(f"bidirl {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

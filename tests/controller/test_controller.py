@@ -5,8 +5,19 @@ from __future__ import annotations
 import pytest
 
 from bidirl.controller import (
-    AssignGroups, ClusterSpec, Controller, GroupsCompleted, GroupsInterrupted, Lend, Reclaim,
-    Runtime, StartTrainStep, Started, SyncWeights, TrainStepFinished, WeightsSynced,
+    AssignGroups,
+    ClusterSpec,
+    Controller,
+    GroupsCompleted,
+    GroupsInterrupted,
+    Lend,
+    Reclaim,
+    Runtime,
+    Started,
+    StartTrainStep,
+    SyncWeights,
+    TrainStepFinished,
+    WeightsSynced,
 )
 from bidirl.controller.events import DeviceLent, DeviceReclaimed
 from bidirl.core.ledger import Role

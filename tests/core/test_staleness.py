@@ -1,7 +1,11 @@
 import pytest
 
 from bidirl.core.staleness import (
-    StalenessError, batch_of, check_trainable, first_startable_batch_limit, may_start,
+    StalenessError,
+    batch_of,
+    check_trainable,
+    first_startable_batch_limit,
+    may_start,
 )
 
 

@@ -42,7 +42,9 @@ def test_grpo_raises_copy_reward(tiny_model_dir, tmp_path):
                 for i, r in enumerate(results)
             ]).reshape(P, G)
             adv = group_advantages(torch.tensor(rewards_P_G)).reshape(-1)
-            samples = [TrainSample(prompts[i // G], r.token_ids, r.logprobs, float(adv[i])) for i, r in enumerate(results)]
+            samples = [
+                TrainSample(prompts[i // G], r.token_ids, r.logprobs, float(adv[i])) for i, r in enumerate(results)
+            ]
             metrics = trainer.train_step(make_microbatches(samples, 32))
             assert abs(metrics["kl_behaviour"]) < 1e-4  # on-policy: vLLM and torch agree
             engine.update_weights(trainer.get_weights_numpy(), trainer.version)

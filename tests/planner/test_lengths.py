@@ -44,3 +44,19 @@ def test_file_lengths(tmp_path):
     s = stats(dist="file", file=str(f), max=1000)
     assert s.mean == pytest.approx(300, rel=1e-3)
     assert s.expected_max(64) == pytest.approx(900, rel=1e-3)
+
+
+def test_staggered_max_of_constant_lengths():
+    """All responses equally long: the last-started one finishes last, E[min U] = 1/(n+1)."""
+    s = stats(dist="constant", max=4000)
+    m = s.staggered_max(15)
+    assert m(0.0) == pytest.approx(4000)
+    assert m(3200.0) == pytest.approx(4000 - 3200 / 16, rel=5e-3)
+
+
+def test_staggered_max_falls_with_the_window():
+    s = stats(dist="lognormal", median=1000, sigma=0.9, min=16, max=8192)
+    m = s.staggered_max(512)
+    values = [m(x) for x in (0, 100, 1000, 10_000, 100_000)]
+    assert values == sorted(values, reverse=True)
+    assert values[0] == pytest.approx(s.expected_max(512))

@@ -41,3 +41,20 @@ def small_scenarios(draw) -> dict:
 
 def build(d: dict):
     return from_dict(d)
+
+
+@st.composite
+def busy_scenarios(draw) -> dict:
+    """8 H100s with enough queued work that the guided policies do borrow."""
+    rollout = draw(st.integers(2, 6))
+    median = draw(st.sampled_from([300, 600, 1200]))
+    return {
+        "name": "busy", "hardware": "H100-80GB", "model": "Qwen3-8B", "devices": 8,
+        "staleness": draw(st.integers(0, 2)), "steps": draw(st.integers(2, 4)),
+        "seed": draw(st.integers(0, 2**16)),
+        "workload": {"prompts_per_step": 64, "group_size": 8, "prompt_tokens": 256,
+                     "response_length": {"median": median, "sigma": 0.8, "max": 4096}},
+        "pools": {"rollout_devices": rollout, "train_devices": 8 - rollout,
+                  "train": {"dp": 8 - rollout}},
+        "sim": {"timing_noise_cv": draw(st.sampled_from([0.0, 0.03]))},
+    }

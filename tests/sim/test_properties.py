@@ -12,15 +12,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scenario_strategies import build, busy_scenarios, small_scenarios
 
 from bidirl.obs.accounting import check_conservation
 from bidirl.policy import policy_names
 from bidirl.sim.run import simulate
 
-from scenario_strategies import build, small_scenarios
-
 POLICIES = policy_names()
-SETTINGS = settings(max_examples=25, deadline=None,
+SETTINGS = settings(max_examples=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -46,6 +45,24 @@ def _check_run(sc, policy):
 @given(data=small_scenarios())
 def test_invariants_hold(policy, data):
     _check_run(build(data), policy)
+
+
+BORROWED: dict[str, int] = {}
+
+
+@pytest.mark.parametrize("policy", ["roll-borrow", "train-borrow", "bidirl"])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=busy_scenarios())
+def test_invariants_hold_when_guided_policies_borrow(policy, data):
+    r = _check_run(build(data), policy)
+    BORROWED[policy] = BORROWED.get(policy, 0) + sum(r.borrows.values())
+
+
+def test_guided_policies_did_borrow():
+    """The previous test is only worth something if borrowing happened in it."""
+    if not BORROWED:
+        pytest.skip("run together with test_invariants_hold_when_guided_policies_borrow")
+    assert all(n > 0 for n in BORROWED.values()), BORROWED
 
 
 @settings(max_examples=10, deadline=None)

@@ -44,11 +44,9 @@ class Estimates:
         hw, m = lookup(HARDWARE, spec.hardware, "hardware"), lookup(MODELS, spec.model, "model")
         scale = spec.prior_scale
         self.spec = spec
-        # Refits cost ~1 ms (a window of 256 samples); decode measurements are frequent
-        # aggregates, so refitting every 16th keeps decisions fast at no loss of accuracy.
-        self.rollout = RolloutStageModel(hw, m, spec.rollout_tp, scale, refit_every=16)
-        self.train = TrainStageModel(hw, m, spec.train_tp, scale, refit_every=2)
-        self.aux = TrainStageModel(hw, m, spec.rollout_tp, scale, refit_every=2)
+        self.rollout = RolloutStageModel(hw, m, spec.rollout_tp, scale)
+        self.train = TrainStageModel(hw, m, spec.train_tp, scale)
+        self.aux = TrainStageModel(hw, m, spec.rollout_tp, scale)
         self.switch = SwitchCostEstimator(switch_priors(hw, m, spec.rollout_tp, spec.rollout_tp))
         self.weight_sync = LinearTimeModel(
             "weight_sync", (weight_sync_s(hw, m, spec.devices > hw.devices_per_node) * scale,))

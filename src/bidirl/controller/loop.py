@@ -43,6 +43,7 @@ class Controller:
         self.policy = policy
         self.runtime = runtime
         self.decision_s = array("d")  # controller time per event, runtime work excluded
+        self.decision_actions = array("l")  # actions issued per event
 
     def bind(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -50,14 +51,16 @@ class Controller:
     def on_event(self, event: Event) -> None:
         """Handle one event: the main loop of the scheduler."""
         start = perf_counter()
-        executing = 0.0
+        executing, actions = 0.0, 0
         self.state.observe(event, self.runtime.now())
         for action in self.policy.decide(self.state, event):
             self.state.commit(action)
             t0 = perf_counter()
             self.runtime.execute(action)
             executing += perf_counter() - t0
+            actions += 1
         self.decision_s.append(perf_counter() - start - executing)
+        self.decision_actions.append(actions)
 
     @property
     def finished(self) -> bool:

@@ -17,7 +17,7 @@ Unit status::
 from __future__ import annotations
 
 import heapq
-from enum import Enum
+from enum import StrEnum
 
 from bidirl.controller.actions import (
     PRIMARY,
@@ -45,13 +45,13 @@ from bidirl.core.samples import GroupState, PromptGroup
 from bidirl.core.staleness import batch_of, may_start
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     IDLE = "idle"
     TRAINING = "training"
     SYNCING = "syncing"
 
 
-class UnitStatus(str, Enum):
+class UnitStatus(StrEnum):
     HOME = "home"
     LENDING = "lending"
     LENT = "lent"

@@ -101,15 +101,14 @@ class VLLMConfig:
 def configure_vllm_env(num_threads: int, disable_torch_compile: bool = True) -> None:
     """Environment vLLM reads at import / engine start; call before constructing an engine.
 
-    ``nobind`` keeps vLLM from pinning OpenMP threads (its default pins every engine to the
-    same cores, so two engines on one machine halve each other).
+    ``nobind`` keeps vLLM from pinning OpenMP threads: in its multi-process mode it pins every
+    engine's worker to the same core, so two engines on one machine halve each other.
     """
     from bidirl.engines.trainer_torch import set_torch_threads
 
     set_torch_threads(num_threads)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ["OMP_NUM_THREADS"] = str(num_threads)
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0" if os.environ.get("BIDIRL_QUIET_VLLM") else "1")
     # Keeps the model executor inside the process that runs the engine core: this process for
     # LLM, the single EngineCore subprocess for AsyncLLM (otherwise vLLM's CPU platform
     # switches "uni" to "mp" and adds one more worker process).

@@ -56,6 +56,10 @@ class LinearTimeModel:
     _ys: deque = field(init=False, repr=False)
     errors: deque = field(init=False, repr=False)
     observations: int = field(init=False, default=0)
+    # Normal-equation sums over the window, kept incrementally (a row joins on observe and
+    # leaves when the window evicts it), so a refit is a small solve, not a window pass.
+    _ata: list = field(init=False, repr=False)
+    _atb: list = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if any(p < 0 for p in self.prior):
@@ -64,6 +68,7 @@ class LinearTimeModel:
         self._xs = deque(maxlen=self.window)
         self._ys = deque(maxlen=self.window)
         self.errors = deque(maxlen=4096)
+        self._reset_sums()
 
     def predict(self, x: tuple[float, ...] | list[float]) -> float:
         return sum(t * f for t, f in zip(self.theta, x))
@@ -78,29 +83,45 @@ class LinearTimeModel:
         pred = self.predict(x)
         err = abs(pred - measured_s) / measured_s
         self.errors.append(err)
+        if len(self._xs) == self.window:  # the deque is about to evict its oldest sample
+            self._accumulate(self._xs[0], self._ys[0], -1.0)
         self._xs.append(tuple(x))
         self._ys.append(measured_s)
+        self._accumulate(x, measured_s, 1.0)
         self.observations += 1
+        if self.observations % 4096 == 0:  # wash out floating-point drift of the sums
+            self._reset_sums()
+            for xs, ys in zip(self._xs, self._ys):
+                self._accumulate(xs, ys, 1.0)
         if self.observations % self.refit_every == 0:
             self.refit()
         return err
+
+    def _reset_sums(self) -> None:
+        n = len(self.prior)
+        self._ata = [[0.0] * n for _ in range(n)]
+        self._atb = [0.0] * n
+
+    def _accumulate(self, x, y: float, sign: float) -> None:
+        """Add (sign=1) or remove (sign=-1) one sample's row: x_j * s_j / y."""
+        n = len(self.prior)
+        row = [x[j] * (self.prior[j] if self.prior[j] > 0 else 1.0) / y for j in range(n)]
+        ata, atb = self._ata, self._atb
+        for i in range(n):
+            ri = row[i]
+            if ri == 0.0:
+                continue
+            atb[i] += sign * ri
+            for j in range(n):
+                ata[i][j] += sign * ri * row[j]
 
     def refit(self) -> None:
         """Ridge least squares on relative residuals, in prior-scaled coordinates."""
         n = len(self.prior)
         # u_j = theta_j / s_j with s_j the prior (or 1 where the prior is 0).
         scale = [p if p > 0 else 1.0 for p in self.prior]
-        ata = [[0.0] * n for _ in range(n)]
-        atb = [0.0] * n
-        for x, y in zip(self._xs, self._ys):
-            row = [x[j] * scale[j] / y for j in range(n)]
-            for i in range(n):
-                ri = row[i]
-                if ri == 0.0:
-                    continue
-                atb[i] += ri
-                for j in range(n):
-                    ata[i][j] += ri * row[j]
+        ata = [row[:] for row in self._ata]
+        atb = self._atb[:]
         for i in range(n):
             prior_u = self.prior[i] / scale[i]
             ata[i][i] += self.ridge

@@ -61,9 +61,11 @@ class Envelope:
         return (self.rollout_devices, self.rollout_tp, self.train_dp, self.train_tp)
 
     def label(self) -> str:
-        shard = "fsdp" if self.train_sharded else "ddp"
+        # Sharding is decided when the envelope is sized (DDP if it fits, else FSDP).
+        shard = "" if not self.rollout_concurrency else (
+            " fsdp" if self.train_sharded else " ddp")
         return (f"R{self.rollout_devices}/T{self.train_devices} roll tp{self.rollout_tp} "
-                f"x{self.rollout_replicas}, train dp{self.train_dp} tp{self.train_tp} {shard}")
+                f"x{self.rollout_replicas}, train dp{self.train_dp} tp{self.train_tp}{shard}")
 
     def to_pools(self):
         """The simulator's ``Pools`` for this envelope."""

@@ -1,46 +1,47 @@
 """Analytic throughput of an envelope under the staleness bound, with two-way borrowing.
 
 No simulation: closed forms over the stage-time models and one monotone fixed point per
-borrowing option (docs/planner.md derives them).  Notation per optimizer step: ``B``
-responses, lengths ``L``, ``N`` rollout replicas of capacity ``c`` sequences, decode step
-``d(b) = a + beta b`` at ``b`` running sequences (``beta`` = per-sequence FLOPs plus the
-KV read of the time-weighted running context), ``s`` the staleness bound.
+borrowing option (docs/planner.md derives them and reports their measured error).
+Notation per optimizer step: ``B`` responses in ``G`` groups of ``n``, lengths ``L``,
+``N`` replicas each holding ``g = floor(cap / n)`` groups, decode step ``d(b) = a + beta b``
+at ``b`` running sequences, ``s`` the staleness bound.
 
-Rollout (continuous batching; a batch's groups start together when admission allows)::
+Rollout (continuous batching; the controller admits whole groups and frees a group's
+slots only when its longest response ends)::
 
-    b(T)     = min(c, B E[L] a / (N T - B E[L] beta))  mean running sequences per replica
-               (Little's law: B E[L] tokens per period at b / d(b) tokens/s per replica)
-    T_fluid  = B E[L] d(c) / (N c) + prefill / N        the pool's saturated period
-    Lambda   = E[max of B lengths] d(b) + prefill(group) a batch's latency: its longest
-                                                        response decodes among b others
+    b_max    = g n E[L] / E[max of n lengths]          running sequences of a full replica
+    b(T)     = min(b_max, B E[L] a / (N T - B E[L] beta))   Little's law at period T
+    T_fluid  = B E[L] d(b_max) / (N b_max) + prefill / N    the saturated period
+    Q        = T_fluid x share of the batch that finds no free group slot at admission
+    Lambda   = Q + d(b) S(Q / d(b))      S(x) = E[max_i (L_i - U_i x)]: the long tail of
+                                         responses started over the queueing window
 Training::
 
-    theta    = max rank's micro-batches + o,   o = all-reduce + AdamW
-    M        = micro-batches per step; r_p = dp / t_micro, r_a = n_a / t_aux their rates
+    theta    = ceil(M / dp) t_micro + o,   o = all-reduce + AdamW
 
 The staleness bound admits batch ``k+s+1`` only when version ``k+1`` (trained, synced)
 exists, so ``s+1`` batches share one critical path::
 
     T = max(T_fluid, theta, (Lambda(T) + W + theta) / (s + 1))
 
-solved by bisection (the right side falls as ``T`` grows: more time per batch, fewer
-sequences in flight, faster decode steps).
+solved by bisection (the right side does not grow with ``T``).
 
-Borrowing changes the capacities the formula sees, minus switch costs, and an option is
-taken only when it shortens ``T`` (the runtime admits a borrow only when it pays):
+Borrowing, modelled as the runtime's policy does it; an option is kept only when the
+predicted wall time drops (the runtime admits a borrow only when it pays):
 
-* Rollouter-on-TrainPool: ``N_b`` replicas on the training pool serve during its idle
-  window ``T - theta`` less ``C_in + C_out``: ``N = N_r + N_b (T - theta - C) / T``;
-* Trainer-on-RollPool: a replica idles once its own share of the batch is done, until the
-  next admission: idle time ``T - E[max of B/N lengths] d(b)``.  In it each lent replica
-  hosts an auxiliary trainer (``rollout_tp`` devices) that takes micro-batches, less
-  ``C = C_in + C_grad``, beside the primary ranks:
-  ``theta = o + max((M + r_a C) / (r_p + r_a), (M - r_a (idle - C)) / r_p)``.
+* Rollouter-on-TrainPool: ``N_b`` replicas on the training pool are fed queued groups
+  during the trainer's idle window: ``N -> N + N_b (T - theta - C_in - C_out)/T x Q/T_fluid``.
+  A batch is admitted when a step ends, when the lent replicas are home and have handed
+  their groups back, so ``Q`` counts the primaries' free slots only.
+* Trainer-on-RollPool: a replica that has run dry at step start (share
+  ``1 - E[max of B/N lengths] d / T``) hosts an auxiliary trainer; micro-batches split by
+  rate (``r_p = dp / t_micro``, ``r_a`` of the auxiliaries), each paying ``C_in + C_grad``:
+  ``theta -> o + (M + r_a C) / (r_p + r_a)``.
 
-A run of ``N`` steps also pays the pipeline fill (the first batch's latency and one
-training step run alone), which the simulator's throughput includes::
+A run of ``N`` steps pays the pipeline fill and ends with a shorter drain, both in the
+simulator's throughput::
 
-    wall = Lambda + theta + (N - 1) T,    tokens/s = N x tokens per step / wall
+    wall = Q_0 + tail_0 + theta + (N - 1) T - (tail - tail_last)
 """
 
 from __future__ import annotations
@@ -212,7 +213,10 @@ def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _
         shared = (m.micro_count + rate_a * m.c_train) / (rate_p + rate_a)
         theta = min(theta, m.overhead_s + shared)
     fluid = _fluid(m, n)
-    queue = _queue(m, fluid, b, n)
+    primaries = float(env.rollout_replicas)
+    # A batch is admitted when a step ends: lent replicas are home then, their running
+    # groups handed back, so only the primaries' free group slots take the new batch.
+    queue = _queue(m, fluid, min(m.cap, b * n / primaries), primaries)
     latency = queue + _tail(m, queue, step)
     rhs = max(fluid, theta, (latency + m.weight_sync_s + theta) / (s + 1))
     return _Steady(rhs, latency, theta, b, fluid, queue, step)

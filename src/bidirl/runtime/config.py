@@ -28,7 +28,7 @@ class ModelConfig:
     path: str | None = None  # a local HF model directory; None: build the tiny model
     tiny_layers: int = 2  # tiny model shape (used only when path is None)
     tiny_hidden: int = 128
-    warm_start_steps: int = 300  # supervised steps before RL so that reward has signal
+    warm_start_steps: int = 40  # supervised steps before RL so that reward has signal
     dtype: str = "float32"
 
 
@@ -52,7 +52,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainerConfig:
-    lr: float = 2e-4
+    lr: float = 1e-3
     micro_batch_size: int = 16  # sequences per micro-batch (gradient accumulation)
     max_grad_norm: float = 1.0
     clip_eps_low: float = 0.2
@@ -64,7 +64,7 @@ class TrainerConfig:
 
 @dataclass
 class SchedulerConfig:
-    policy: str = "async"
+    policy: str = "bidirl"
     staleness: int = 1  # version gap from the oldest token (docs/algorithm.md)
 
 
@@ -74,14 +74,15 @@ class ClusterConfig:
     train_devices: int = 1
     device: str = "cpu"  # cpu | cuda
     ray_address: str | None = None  # join an existing cluster instead of starting one
+    prewarm: bool = True  # start borrowable roles once and park them, so C_in is a hot switch
 
 
 @dataclass
 class RunConfig:
-    steps: int = 30
+    steps: int = 200
     seed: int = 0
     run_dir: str | None = None  # default: runs/<timestamp>
-    checkpoint_every: int = 10  # steps; 0 disables periodic checkpoints
+    checkpoint_every: int = 50  # steps; 0 disables periodic checkpoints
     tensorboard: bool = True
     plot: bool = True
 

@@ -46,6 +46,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+LENDS_TRAIN_DEVICES = ("sync", "roll-borrow", "bidirl-opportunistic", "bidirl")
+LENDS_ROLLOUT_DEVICES = ("sync", "train-borrow", "bidirl-opportunistic", "bidirl")
+
+
+def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: dict, model_dir: str,
+            trainer_config: dict) -> list[tuple[str, float]]:
+    """Bring every role a device may be lent for up once and park it (the warm start).
+
+    Without this the first lend of a device pays a cold engine start (10-20 s for vLLM
+    here) instead of a hot switch (tens of milliseconds).
+    """
+    import ray
+
+    calls = []
+    policy = cfg.scheduler.policy
+    for d, w in workers.items():
+        if d in spec.train_devices and policy in LENDS_TRAIN_DEVICES:
+            calls.append((w, "rollout", w.host.remote("rollout", **rollout_kwargs)))
+        elif d not in spec.train_devices and policy in LENDS_ROLLOUT_DEVICES:
+            calls.append((w, "aux_train", w.host.remote("aux_train", model_dir=model_dir, config=trainer_config)))
+    ray.get([c for _, _, c in calls])
+    ray.get([w.release.remote(role, park=True) for w, role, _ in calls])
+    # One hot round trip per direction: the switch-cost estimator starts from measurements
+    # of this machine instead of priors.
+    measured = []
+    for w, role, _ in calls:
+        kind = "roll_on_train" if role == "rollout" else "train_on_roll"
+        kw = rollout_kwargs if role == "rollout" else {"model_dir": model_dir, "config": trainer_config}
+        measured.append((f"{kind}.c_in", ray.get(w.host.remote(role, **kw))))
+        measured.append((f"{kind}.c_out", ray.get(w.release.remote(role, park=True))[0]))
+    return measured
+
+
 def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, model_dir: str,
                   trainer_config: dict, trainer_ckpt=None):
     """Start one worker per device, host each pool's native role; returns handles."""
@@ -82,6 +115,9 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
         else:
             calls.append(w.host.remote("rollout", **rollout_kwargs))
     ray.get(calls)
+    switch_measurements = []
+    if cfg.cluster.prewarm:
+        switch_measurements = prewarm(cfg, spec, workers, rollout_kwargs, model_dir, trainer_config)
     if trainer_ckpt is not None:  # rollout replicas start from the checkpoint's weights
         weights = workers[train_devices[0]].call.remote("train", "weights")
         version = ray.get(workers[train_devices[0]].call.remote("train", "get_version"))
@@ -91,4 +127,4 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
     def unit_device(u: int) -> int:
         return spec.unit_devices(u)[0]
 
-    return workers, unit_device, train_devices
+    return workers, unit_device, train_devices, switch_measurements

@@ -44,8 +44,8 @@ class TrainSession:
         from bidirl.runtime.train import prepare_data, prepare_model
 
         cfg = self.cfg
+        rows, reward_fn = prepare_data(cfg)  # bad data fails before any slow set-up
         model_dir = prepare_model(cfg)
-        rows, reward_fn = prepare_data(cfg)
         tok = load_tokenizer(model_dir)
         cursor = PromptCursor(rows, seed=cfg.data.seed)
         store = GroupStore(cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
@@ -103,11 +103,13 @@ class TrainSession:
                               kl_coef=cfg.trainer.kl_coef, weight_decay=cfg.trainer.weight_decay,
                               seed=cfg.run.seed)
         t_boot = time.perf_counter()
-        workers, unit_device, train_devices = start_workers(cfg, spec, rollout_kwargs, model_dir, trainer_config,
+        workers, unit_device, train_devices, switch_measurements = start_workers(cfg, spec, rollout_kwargs, model_dir, trainer_config,
                                                            ckpt / "trainer" if ckpt else None)
         print(f"[bidirl] {len(workers)} device workers up in {time.perf_counter() - t_boot:.1f} s "
               f"(policy {cfg.scheduler.policy}, staleness {cfg.scheduler.staleness})", file=sys.stderr)
         controller = Controller(spec, make_policy(cfg.scheduler.policy))
+        for kind, seconds in switch_measurements:
+            controller.state.est.observe(kind, (), seconds)
         rt = RayRuntime(controller=controller, workers=workers, unit_device=unit_device,
                         train_devices=train_devices, store=store, new_group=new_group, reward_fn=reward_fn,
                         decode=decode, rollout_kwargs=rollout_kwargs,
@@ -115,6 +117,7 @@ class TrainSession:
                         staleness=cfg.scheduler.staleness,
                         group_offset=self.start_step * cfg.rollout.prompts_per_step,
                         version_offset=self.start_step)
+        rt.switches.extend((f"prewarm.{k}", v) for k, v in switch_measurements)
         controller.bind(rt)
         from bidirl.runtime.reporting import StepReporter
 

@@ -179,7 +179,7 @@ class ReplicaEngine:
         """Abort everything (call ``advance`` first).  Returns, per group, the response
         tokens generated so far and the prefixes of its unfinished responses."""
         out: dict[int, dict[int, int]] = {}
-        for f, gid, i, k_admit, base in self.fin:
+        for _f, gid, i, k_admit, base in self.fin:
             length = self.groups[gid][1][i]
             p0 = int(round(base + k_admit - self.prompt))
             steps = int(math.floor(self.k - k_admit + _EPS))

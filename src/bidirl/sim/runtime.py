@@ -73,7 +73,8 @@ class SimRuntime:
         self.partials: dict[int, dict[int, int]] = {}
         self.complete: set[int] = set()
         self.inbox: deque = deque()
-        self.dirty: set[int] = set()
+        self.dirty: set[int] = set()  # units to re-label once the controller has reacted
+        self.unplanned: set[int] = set()  # replicas whose next completion must be recomputed
         self.version = 0
         self.synced = 0
         self.step_ends: list[float] = []
@@ -118,6 +119,10 @@ class SimRuntime:
             self.controller.on_event(self.inbox.popleft())
         if self.wall_s is not None:
             return
+        for u in sorted(self.unplanned):  # once per replica, however many groups it got
+            if u in self.engines:
+                self._replan(u)
+        self.unplanned.clear()
         for u in sorted(self.dirty):
             self._mark(u)
         self.dirty.clear()
@@ -172,7 +177,7 @@ class SimRuntime:
         if token != self._token[u] or self.wall_s is not None:
             return  # superseded by a later plan
         self._advance(u, t)
-        self._replan(u)
+        self.unplanned.add(u)
 
     def _assign(self, a: AssignGroups) -> None:
         u, now = a.replica, self.env.now
@@ -187,7 +192,7 @@ class SimRuntime:
         p[0] += len(a.group_ids)
         p[1] += tokens
         p[2] += stall
-        self._replan(u)
+        self.unplanned.add(u)
         self.dirty.add(u)
 
     # -- weights --------------------------------------------------------------------
@@ -202,7 +207,7 @@ class SimRuntime:
             self.engines[u].stall(now, dur)
             self.paused_until[u] = now + dur
             self.rec.set(self.spec.unit_devices(u), now, IDLE, "rollout", "waiting for weights")
-            self._replan(u)
+            self.unplanned.add(u)
         self._at(now + dur, self._synced, a.version, dur)
 
     def _synced(self, version: int, dur: float) -> None:
