@@ -15,11 +15,10 @@ import subprocess
 import time
 
 import pytest
+from runtime_cli_helpers import ROOT, SMALL, bidirl_cmd, run_cli
 
 from bidirl.obs.accounting import check_conservation
 from bidirl.obs.metrics import read_metrics
-
-from .conftest import ROOT, SMALL, bidirl_cmd, run_cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 

@@ -19,6 +19,16 @@ devices with no bubbles and no overheads.  Work, in device-seconds, is:
 without weight sync, data-parallel all-reduce, optimizer, switch costs or timing noise.
 Ideal wall time = work / devices, and ``ideal_tokens_per_s = tokens_trained / that``.
 No schedule can beat it, so ``efficiency <= 1`` (up to timing noise, whose mean is 1).
+
+Other fields: ``switch_time_s`` is device-seconds spent switching (C_in, C_out, C_grad and
+the colocated switches of ``sync``); ``borrows`` counts lend transactions of units (a
+unit is one replica's ``rollout_tp`` devices), colocated phase switches excluded (they are
+in ``extra["colocated_switches"]``); ``admission`` counts admitted / rejected decisions
+per direction; ``trace_sha256`` is ``obs.trace.trace_sha256(intervals)`` when intervals
+are recorded, else a streaming sha256 over the recorder's canonical interval lines (the
+two differ; compare like with like).  ``extra`` holds the controller's decision time
+per event (``decision_us_p50/p99``) and per action, pool seconds by activity, and the
+simulator's own run time.
 """
 
 from __future__ import annotations
