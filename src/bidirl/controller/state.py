@@ -8,6 +8,8 @@ read it and never write it.
 Everything a policy asks per event is O(1) or O(log n): the least-loaded replica comes
 from a heap with lazy deletion, batch readiness from counters, the queue is a counter of
 fresh groups (in group-id order) plus a heap of partial groups waiting to be resumed.
+Filling the replicas (``plan_fill``) costs O(log units) per group placed and is committed
+as one ``AssignGroups`` per replica, so a decision that admits a whole batch stays cheap.
 
 Unit status::
 
@@ -87,9 +89,14 @@ class ClusterState:
         self.draining: set[int] = set()  # policy wants these emptied (no new groups)
         self._heap = [(0, u) for u in range(spec.n_replicas)]
         self.idle_replicas: set[int] = set(range(spec.n_replicas))  # home, empty replicas
-        # Queue: fresh groups are next_fresh.. in id order; partial groups wait in a heap.
+        # Queue: fresh groups are next_fresh.. in id order (``_ahead``: fresh groups already
+        # committed beyond next_fresh while one decision's actions are being committed);
+        # partial groups wait in a heap of (group, seq), valid while _partial_seq agrees.
         self.next_fresh = 0
-        self._partial: list[int] = []
+        self._ahead: set[int] = set()
+        self._partial: list[tuple[int, int]] = []
+        self._partial_seq: dict[int, int] = {}
+        self._seq = 0
         self.partial_left: dict[int, int] = {}
         self.started = [0] * spec.steps  # fresh groups started, per batch
         self.last_start = [0.0] * spec.steps  # when a batch's last group started
@@ -147,8 +154,8 @@ class ClusterState:
     def next_group(self, unit: int, limit_batch: int) -> int | None:
         """The next group (partial first, then fresh in id order) admissible on ``unit``."""
         s, v = self.spec, self.unit_version[unit]
-        if self._partial:
-            gid = self._partial[0]
+        gid = self._partial_head()
+        if gid is not None:
             b = batch_of(gid, s.groups_per_step)
             if b <= limit_batch and may_start(b, v, s.staleness):
                 return gid
@@ -161,7 +168,58 @@ class ClusterState:
         return None
 
     def has_queued_work(self) -> bool:
-        return bool(self._partial) or self.next_fresh < self.spec.total_groups
+        return bool(self._partial_seq) or self.next_fresh < self.spec.total_groups
+
+    def plan_fill(self, limit_batch: int) -> dict[int, list[int]]:
+        """Where the queue's head goes now: unit -> group ids, in queue order.
+
+        The greedy of ``pick_replica`` + ``next_group`` run to exhaustion: each group goes
+        to the least-loaded accepting unit with room for a whole group, while that unit
+        may start it (batch <= ``limit_batch`` and within staleness of its version).  The
+        result must be committed (one ``AssignGroups`` per unit, any order) before the state
+        is read again: the heaps are updated in place with what the plan takes, which the
+        commits make true.  O(log units) per group, no allocation but the ids.
+        """
+        spec = self.spec
+        cap, need, gps, bound = spec.replica_cap, spec.group_size, spec.groups_per_step, spec.staleness
+        heap, load, accepting, draining = self._heap, self.load, self.accepting, self.draining
+        version, partial, partial_left = self.unit_version, self._partial, self.partial_left
+        fresh, total = self.next_fresh, spec.total_groups
+        added: dict[int, int] = {}
+        plan: dict[int, list[int]] = {}
+        pop, replace = heapq.heappop, heapq.heapreplace
+        while True:
+            while heap:
+                lu, u = heap[0]
+                if accepting[u] and lu == load[u] + added.get(u, 0) and u not in draining:
+                    break
+                pop(heap)
+            else:
+                break
+            if lu + need > cap and lu:
+                break
+            gid = self._partial_head()
+            if gid is not None:
+                n, resumed = partial_left[gid], True
+            elif fresh < total:
+                gid, n, resumed = fresh, need, False
+            else:
+                break
+            b = gid // gps
+            if b > limit_batch or b - version[u] > bound:
+                break
+            if resumed:
+                pop(partial)
+            else:
+                fresh += 1
+            added[u] = lu + n - load[u]
+            replace(heap, (lu + n, u))
+            ids = plan.get(u)
+            if ids is None:
+                plan[u] = [gid]
+            else:
+                ids.append(gid)
+        return plan
 
     # -- observe ---------------------------------------------------------------------
     def observe(self, ev: Event, now: float) -> None:
@@ -198,7 +256,9 @@ class ClusterState:
             self.partial_left[gid] = left
             self.partial_in_batch[g.batch] += 1
             self.running -= 1
-            heapq.heappush(self._partial, gid)
+            self._seq += 1
+            self._partial_seq[gid] = self._seq
+            heapq.heappush(self._partial, (gid, self._seq))
             self._assigned_at.pop(gid, None)
 
     def _on_step(self, ev: TrainStepFinished) -> None:
@@ -262,31 +322,41 @@ class ClusterState:
         handler(self, action)
 
     def _do_assign(self, a: AssignGroups) -> None:
-        s = self.spec
+        s, t, u = self.spec, self.t, a.replica
+        gps, size, prompt, total = s.groups_per_step, s.group_size, s.prompt_tokens, s.total_groups
+        by_id, started, assigned_at = self.groups.groups, self.started, self._assigned_at
+        partial, ahead, generating = self._partial_seq, self._ahead, GroupState.GENERATING
+        nxt, responses = self.next_fresh, 0
         for gid in a.group_ids:
-            if self._partial and self._partial[0] == gid:
-                heapq.heappop(self._partial)
-                g = self.groups.groups[gid]
+            if gid in partial:
+                del partial[gid]  # its heap entry is stale now (lazy deletion)
+                g = by_id[gid]
                 self.partial_in_batch[g.batch] -= 1
-                n = self.partial_left[gid]
+                g.move(generating, t)
+                g.replica = u
+                responses += self.partial_left[gid]
+                continue
+            if gid < nxt or gid in ahead or gid >= total or gid in by_id:
+                raise ValueError(f"group {gid} cannot start: not queued (next fresh group is {nxt})")
+            b = gid // gps
+            by_id[gid] = PromptGroup(gid, b, size, prompt, generating, replica=u,
+                                     history=[(t, generating)])
+            started[b] += 1
+            if started[b] == gps:
+                self.last_start[b] = t
+            assigned_at[gid] = t
+            responses += size
+            if gid == nxt:
+                nxt += 1
+                while nxt in ahead:
+                    ahead.remove(nxt)
+                    nxt += 1
             else:
-                if gid != self.next_fresh:
-                    raise ValueError(f"group {gid} assigned out of order "
-                                     f"(next fresh group is {self.next_fresh})")
-                self.next_fresh += 1
-                g = PromptGroup(gid, batch_of(gid, s.groups_per_step), s.group_size,
-                                s.prompt_tokens)
-                self.groups.add(g)
-                self.started[g.batch] += 1
-                if self.started[g.batch] == s.groups_per_step:
-                    self.last_start[g.batch] = self.t
-                self._assigned_at[gid] = self.t
-                n = s.group_size
-            g.move(GroupState.GENERATING, self.t)
-            self.running += 1
-            g.replica = a.replica
-            self.unit_groups[a.replica].add(gid)
-            self._set_load(a.replica, self.load[a.replica] + n)
+                ahead.add(gid)
+        self.next_fresh = nxt
+        self.running += len(a.group_ids)
+        self.unit_groups[u].update(a.group_ids)
+        self._set_load(u, self.load[u] + responses)
 
     def _do_train(self, a: StartTrainStep) -> None:
         self.phase = Phase.TRAINING
@@ -320,6 +390,16 @@ class ClusterState:
         self._set_accepting(u, False)
 
     # -- helpers ---------------------------------------------------------------------
+    def _partial_head(self) -> int | None:
+        """The lowest partial group waiting to be resumed (stale heap entries dropped)."""
+        heap, seq = self._partial, self._partial_seq
+        while heap:
+            gid, n = heap[0]
+            if seq.get(gid) == n:
+                return gid
+            heapq.heappop(heap)
+        return None
+
     def _unload(self, unit: int, gid: int, responses: int) -> None:
         self.unit_groups[unit].discard(gid)
         self._set_load(unit, max(0, self.load[unit] - responses))

@@ -4,7 +4,11 @@ Each call hands the next admissible group (partial prefixes first, then fresh gr
 group-id order) to the least-loaded replica that has room for a whole group, until no
 replica has room or no group may start.  This is what makes ``async`` a strong baseline:
 replicas stay at their concurrency cap up to the staleness bound, and a replica that
-frees slots gets work at once.  Cost per assigned group: O(log replicas).
+frees slots gets work at once.
+
+The greedy runs in ``ClusterState.plan_fill`` (O(log replicas) per group) and is issued
+as one ``AssignGroups`` per replica, in replica order, so an event that admits a whole
+new batch costs one action per replica rather than one per group.
 """
 
 from __future__ import annotations
@@ -17,11 +21,6 @@ from bidirl.controller.state import ClusterState
 
 def fill_replicas(s: ClusterState, limit_batch: int) -> Iterator[AssignGroups]:
     """Assign groups of batches <= ``limit_batch`` (and within staleness) to free replicas."""
-    while True:
-        unit = s.pick_replica()
-        if unit is None:
-            return
-        gid = s.next_group(unit, limit_batch)
-        if gid is None:
-            return
-        yield AssignGroups(unit, (gid,))
+    plan = s.plan_fill(limit_batch)
+    for unit in sorted(plan):
+        yield AssignGroups(unit, tuple(plan[unit]))

@@ -85,6 +85,9 @@ class RunConfig:
     checkpoint_every: int = 50  # steps; 0 disables periodic checkpoints
     tensorboard: bool = True
     plot: bool = True
+    # Fault injection for tests: at this step, kill the actor of a rollout device that is
+    # lent as an auxiliary trainer (-1: never).
+    fault_kill_lent_device_at_step: int = -1
 
 
 @dataclass

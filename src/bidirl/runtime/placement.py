@@ -97,12 +97,15 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
     except Exception as e:
         raise ConfigError(f"cluster: cannot place {n} device workers ({bundle} each): {e}") from None
     cls = worker_class(num_cpus=1, num_gpus=1 if gpu else 0)
-    workers = {}
-    for d in range(n):
+
+    def new_worker(d: int):
+        """A worker for device ``d`` in its own placement bundle (also used to restart one)."""
         pool = "rollout" if d < len(spec.replica_devices) else "train"
-        workers[d] = cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+        return cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=pg, placement_group_bundle_index=d)).remote(
             d, pool, cfg.trainer.threads, cfg.run.seed)
+
+    workers = {d: new_worker(d) for d in range(n)}
     train_devices = list(spec.train_devices)
     port = _free_port()
     calls = []
@@ -127,4 +130,4 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
     def unit_device(u: int) -> int:
         return spec.unit_devices(u)[0]
 
-    return workers, unit_device, train_devices, switch_measurements
+    return workers, unit_device, train_devices, switch_measurements, new_worker

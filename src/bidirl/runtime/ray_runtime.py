@@ -22,6 +22,7 @@ one call at a time) and are processed in that order.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -44,7 +45,7 @@ from bidirl.core.timeline import Activity
 from bidirl.runtime.device_clock import DeviceClock
 from bidirl.runtime.group_store import GroupStore
 
-BORROWED_RUN_BUDGET_S = 0.05  # a lent replica returns often so a reclaim waits little
+BORROWED_RUN_BUDGET_S = 0.0  # a lent replica runs one step per call: a reclaim waits <= 1 step
 HOME_RUN_BUDGET_S = 0.25
 
 
@@ -108,6 +109,12 @@ class RayRuntime:
         self._fifo: dict[int, deque] = {d: deque() for d in pools}
         self._busy: dict[int, dict[Any, tuple[str, str]]] = {d: {} for d in pools}
         self._switching: dict[int, str] = {}
+        self._on_lost: dict[Any, Callable[[], None]] = {}
+        self._last_work_s: dict[int, float] = {}
+        self.reclaim_waits: list[dict] = []
+        self.lost_devices: list[tuple[int, float]] = []
+        self.restart_worker: Callable[[int], Any] | None = None  # set by the session
+        self.kill_lent_device_at_step = -1  # fault injection (tests)
         self._seq = 0
         self.on_step: Callable[[StepRecord], None] | None = None
 
@@ -144,24 +151,37 @@ class RayRuntime:
             return
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         ready_set, progressed = set(ready), False
-        for q in self._fifo.values():
+        for dev, q in list(self._fifo.items()):
             while q and q[0] in ready_set:
                 ref = q.popleft()
                 _, _, cb = self._inflight.pop(ref)
-                for d in self._busy:
-                    self._busy[d].pop(ref, None)
-                cb(ray.get(ref))
+                self._busy[dev].pop(ref, None)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    self._device_lost(dev, ref)
+                    progressed = True
+                    break
+                self._on_lost.pop(ref, None)
+                cb(result)
                 progressed = True
         if not progressed:
             time.sleep(0.001)
 
-    def _call(self, device: int, cb: Callable, busy: tuple[str, str] | None, fn, *args, **kwargs):
+    def _call(self, device: int, cb: Callable, busy: tuple[str, str] | None, fn, *args,
+              on_lost: Callable[[], None] | None = None, **kwargs):
+        """Issue ``fn.remote(...)`` on ``device``; ``cb(result)`` runs when it completes.
+
+        ``on_lost`` runs instead if the device's actor dies before the call completes.
+        """
         ref = fn.remote(*args, **kwargs)
         refs = ref if isinstance(ref, list) else [ref]
         last = refs[-1]
         self._seq += 1
         self._inflight[last] = (self._seq, device, (lambda _r: cb(self.ray.get(refs)))
                                 if len(refs) > 1 else cb)
+        if on_lost is not None:
+            self._on_lost[last] = on_lost
         self._fifo[device].append(last)
         if busy is not None:
             self._busy[device][last] = busy
@@ -209,6 +229,7 @@ class RayRuntime:
             self._events.append(self._completed(u, done))
         m = out["measurements"]
         if m:
+            self._last_work_s[self.unit_device(u)] = max(x for _, _, x in m)
             self._events.append(StageMeasured(
                 "decode", (float(len(m)), float(sum(b for b, _, _ in m)), float(sum(c for _, c, _ in m))),
                 sum(s for _, _, s in m)))
@@ -241,7 +262,7 @@ class RayRuntime:
             dev = self.unit_device(u)
             self.rollout_version[u] = version
             self._call(dev, done, ("rollout", "weight sync"), self._worker(dev).call,
-                       "rollout", "update_weights", w, version)
+                       "rollout", "update_weights", w, version, on_lost=lambda: done(None))
 
     def _primary_weights(self):
         return self._worker(self.train_devices[0]).call.remote("train", "weights")
@@ -282,25 +303,40 @@ class RayRuntime:
                 dp = len(self.train_devices)
                 for r, dev in enumerate(self.train_devices):
                     jobs.append((dev, "train", chunk_mbs[r::dp] if dp > 1 else chunk_mbs))
-            else:
-                jobs.append((self.unit_device(c.executor), "aux_train", chunk_mbs))
-        state = {"left": len(jobs), "refs": [None] * len(jobs)}
+            else:  # one call per micro-batch, so a reclaim waits for at most one
+                jobs += [(self.unit_device(c.executor), "aux_train", [mb]) for mb in chunk_mbs]
+        state = {"left": len(jobs), "refs": [None] * len(jobs), "jobs": jobs, "total": total}
         w = None
-        for j, (dev, role, chunk_mbs) in enumerate(jobs):
+        for j, (dev, role, _) in enumerate(jobs):
             if role == "aux_train" and self.aux_version.get(dev) != self.version:
                 w = w or self._primary_weights()
                 self._call(dev, lambda _: None, ("aux_train", "load weights"), self._worker(dev).call,
                            "aux_train", "set_weights", w, self.version)
                 self.aux_version[dev] = self.version
-            refs = self._call(dev, lambda res, j=j, role=role: self._on_chunk(a, rec, state, j, role, res),
-                              (role, f"train step {rec.step}"),
-                              self._worker(dev).call.options(num_returns=2), role, "compute_chunk_ref",
-                              chunk_mbs, total)
-            state["refs"][j] = (dev, role, refs[0])
+            self._issue_chunk(a, rec, state, j, dev, role)
+        if 0 <= self.kill_lent_device_at_step <= rec.step and not self.lost_devices:
+            victims = sorted({dev for dev, role, _ in jobs if role == "aux_train"})
+            if victims:  # fault injection: the first auxiliary trainer from that step on dies mid-step
+                self._worker(victims[0]).kill.remote()
+
+    def _issue_chunk(self, a, rec: StepRecord, state: dict, j: int, dev: int, role: str) -> None:
+        mbs = state["jobs"][j][2]
+
+        def lost():  # the auxiliary died: the primary recomputes this chunk; merge order is kept
+            self._issue_chunk(a, rec, state, j, self.train_devices[0], "aux_redo")
+
+        call_role = "train" if role == "aux_redo" else role
+        refs = self._call(dev, lambda res: self._on_chunk(a, rec, state, j, role, res),
+                          (call_role, f"train step {rec.step}"),
+                          self._worker(dev).call.options(num_returns=2), call_role, "compute_chunk_ref",
+                          mbs, state["total"], on_lost=lost if role == "aux_train" else None)
+        state["refs"][j] = (dev, role, refs[0])
 
     def _on_chunk(self, a, rec: StepRecord, state: dict, j: int, role: str, res) -> None:
         _, timings = res
-        stage = "train_micro" if role == "train" else "aux_micro"
+        stage = "aux_micro" if role == "aux_train" else "train_micro"
+        if timings:
+            self._last_work_s[state["refs"][j][0]] = max(x for _, _, x in timings)
         for tokens, seq, secs in timings:
             self._events.append(StageMeasured(stage, (1.0, float(tokens), float(tokens * seq)), secs))
         state["left"] -= 1
@@ -308,7 +344,7 @@ class RayRuntime:
             return
         # Every chunk is computed: each DP rank merges, rank 0 also the auxiliary chunks, in order.
         jobs = state["refs"]
-        aux_refs = [ref for dev, role, ref in jobs if role == "aux_train"]
+        aux_refs = [ref for dev, role, ref in jobs if role in ("aux_train", "aux_redo")]
         pending = {"n": len(self.train_devices)}
 
         def applied(out, rank):
@@ -348,13 +384,19 @@ class RayRuntime:
             self.hosted[u] = role
             if role == "rollout":
                 self.rollout_version[u] = kwargs["version"]
-            if role == "aux_train":
-                self.aux_version[dev] = self.version
+            if role == "aux_train":  # the version its weights were fetched at, not today's
+                self.aux_version[dev] = kwargs["version"]
             kind = "colocated" if a.colocated else ("roll_on_train" if role == "rollout" else "train_on_roll")
             self.switches.append((f"{kind}.c_in", seconds))
             self._events.append(DeviceLent(u, a.role, seconds))
 
-        self._call(dev, done, None, self._worker(dev).host, role, **kwargs)
+        def lost():  # died while hosting: it was lent (briefly), and is back home now
+            done(0.0)
+            if u not in self.reclaiming:
+                self._events.append(DeviceReclaimed(u, a.role, 0.0))
+                self.hosted[u] = "rollout" if u < self.spec.n_replicas else self.hosted.pop(u, None)
+
+        self._call(dev, done, None, self._worker(dev).host, role, on_lost=lost, **kwargs)
 
     def _reclaim(self, a: Reclaim) -> None:
         u, dev = a.unit, self.unit_device(a.unit)
@@ -363,9 +405,13 @@ class RayRuntime:
         if role is None or (u < self.spec.n_replicas and role == "rollout"):
             raise RuntimeError(f"reclaim of unit {u}, which hosts no borrowed role")
         self.reclaiming.add(u)
+        t_issue = self.now()
 
         def done(out):
             seconds, partials = out
+            self.reclaim_waits.append({
+                "unit": u, "role": role, "wait_s": max(0.0, self.now() - t_issue - seconds), "c_out_s": seconds,
+                "last_work_s": self._last_work_s.get(dev, 0.0)})
             self._switching.pop(dev, None)
             self.reclaiming.discard(u)
             if u < self.spec.n_replicas:  # back to its native role, which stayed resident
@@ -396,7 +442,49 @@ class RayRuntime:
             self._switching[dev] = "C_out"
 
         start()
-        self._call(dev, done, None, self._worker(dev).release, role)
+        self._call(dev, done, None, self._worker(dev).release, role, on_lost=lambda: done((0.0, [])))
+
+    # -- faults ---------------------------------------------------------------------------
+    def _device_lost(self, dev: int, first_ref) -> None:
+        """A device's actor died: redo its work elsewhere, restart it in its own pool's role.
+
+        Only rollout-pool devices can be lost and recovered: their native role (a replica)
+        holds no state that the run needs.  The primary trainer's devices hold the
+        optimizer; losing one ends the run, and ``--resume`` restarts from the checkpoint.
+        """
+        if self.clock.pools[dev] == "train":
+            raise RuntimeError(f"device {dev} (primary trainer) died; resume from the last checkpoint "
+                               "with: bidirl train --resume RUN_DIR")
+        u = self._unit_of(dev)
+        self.lost_devices.append((dev, self.now()))
+        print(f"[bidirl] device {dev} (unit {u}) died; redoing its work and restarting it", file=sys.stderr)
+        dropped = [first_ref] + list(self._fifo[dev])
+        self._fifo[dev].clear()
+        handlers = [self._on_lost.pop(r, None) for r in dropped]
+        for r in dropped:
+            self._inflight.pop(r, None)
+            self._on_lost.pop(r, None)
+        self._busy[dev].clear()
+        self._switching.pop(dev, None)
+        self.workers[dev] = self.restart_worker(dev)
+        w = self._primary_weights()
+        self._call(dev, lambda _: None, ("rollout", "restarting"), self.workers[dev].host, "rollout",
+                   **{**self.rollout_kwargs, "weights": w, "version": self.version})
+        self.rollout_version[u] = self.version
+        self.aux_version.pop(dev, None)
+        was_lent = self.hosted.get(u) == "aux_train" and u not in self.reclaiming
+        for h in handlers:
+            if h is not None:
+                h()
+        if was_lent:
+            self.hosted[u] = "rollout"
+            self._events.append(DeviceReclaimed(u, Role.AUX_TRAIN, 0.0))
+        gids = sorted(g for g in self.unit_groups.pop(u, set()) if not self.store.groups[g].complete)
+        self.running[u], self.run_ref[u] = 0, None
+        if gids:  # their unfinished responses resume from the last prefixes the store holds
+            self._events.append(GroupsInterrupted(
+                u, tuple(g - self.goff for g in gids), tuple(self.store.versions(g)[2] for g in gids),
+                tuple(self.store.n - len(self.store.groups[g].done) for g in gids)))
 
     # -- device time ----------------------------------------------------------------------
     def _refresh_clock(self) -> None:

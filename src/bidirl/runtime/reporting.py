@@ -23,6 +23,7 @@ class StepReporter:
         self.progress = ProgressLine(cfg.run.steps, start_step=session.start_step)
         self.ledger = session.ledger_path.open("a")
         self._last_t = 0.0
+        self._seen_admissions = 0
 
     def on_step(self, rec) -> None:
         """Called by the runtime when the primary trainer has applied step ``rec.step``."""
@@ -69,6 +70,21 @@ class StepReporter:
                 m[f"switch/{kind}_s"] = statistics.median(vals)
         if rec.c_grad_s:
             m["switch/c_grad_s"] = statistics.median(rec.c_grad_s)
+        decisions = rt.controller.state.admissions[self._seen_admissions:]
+        self._seen_admissions += len(decisions)
+        for direction in ("roll_on_train", "train_on_roll"):
+            ds = [d for d in decisions if d.direction == direction]
+            if ds:
+                m[f"admission/{direction}/admitted"] = sum(d.admit for d in ds)
+                m[f"admission/{direction}/rejected"] = sum(not d.admit for d in ds)
+                m[f"admission/{direction}/benefit_s"] = statistics.mean(d.benefit_s for d in ds)
+                m[f"admission/{direction}/cost_s"] = statistics.mean(d.cost_s for d in ds)
+        if rt.reclaim_waits:
+            m["switch/reclaim_wait_max_s"] = max(w["wait_s"] for w in rt.reclaim_waits)
+        from bidirl.obs.accounting import borrowed_seconds
+
+        for k, v in borrowed_seconds(intervals).items():
+            m[f"borrow/{k}_s"] = v
         self.metrics.log(rec.step, m)
         self.progress.update(rec.step + 1, reward=reward, tokens_per_s=m["perf/throughput"],
                              idle_ratios=ratios, staleness_mean=m["staleness/mean"],

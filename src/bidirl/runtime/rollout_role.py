@@ -102,15 +102,17 @@ class RolloutRole:
         return len(self._live)
 
     def run(self, budget_s: float, stop_on_finish: bool = True) -> dict:
-        """Step the engine for up to ``budget_s``; return finished responses and timings.
+        """Step the engine for up to ``budget_s`` (at least one step while requests are live).
 
-        ``measurements`` holds ``(batch, context_tokens, seconds)`` per decode step, the
+        ``budget_s=0`` runs exactly one continuous-batching step: borrowed replicas run that
+        way, so a reclaim waits for at most one decode step.  ``measurements`` holds
+        ``(batch, context_tokens, seconds)`` per decode step, the
         features of the decode-step model.
         """
         finished: list[ResponseResult] = []
         measurements: list[tuple[int, int, float]] = []
         t_end = time.perf_counter() + budget_s
-        while self._live and time.perf_counter() < t_end:
+        while self._live:
             batch, ctx = len(self._live), sum(self._context.values())
             t0 = time.perf_counter()
             outputs = self._engine.step()
@@ -119,7 +121,7 @@ class RolloutRole:
                 res = self._absorb(out)
                 if res is not None:
                     finished.append(res)
-            if finished and stop_on_finish:
+            if (finished and stop_on_finish) or time.perf_counter() >= t_end:
                 break
         return {"finished": finished, "measurements": measurements, "running": self.running}
 

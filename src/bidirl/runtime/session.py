@@ -21,6 +21,17 @@ from pathlib import Path
 from bidirl.runtime.config import TrainConfig
 
 
+def _admission_summary(decisions: list) -> dict:
+    """Counts of admitted / rejected borrows per direction, and the latest decisions."""
+    out: dict = {"latest": [{"direction": d.direction, "t": round(d.t, 3), "units": d.units,
+                             "benefit_s": round(d.benefit_s, 4), "cost_s": round(d.cost_s, 4), "admit": d.admit}
+                            for d in decisions[-20:]]}
+    for d in decisions:
+        key = f"{d.direction}.{'admitted' if d.admit else 'rejected'}"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
 class TrainSession:
     def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool = False) -> None:
         self.cfg, self.run_dir, self.resume = cfg, Path(run_dir), resume
@@ -103,8 +114,8 @@ class TrainSession:
                               kl_coef=cfg.trainer.kl_coef, weight_decay=cfg.trainer.weight_decay,
                               seed=cfg.run.seed)
         t_boot = time.perf_counter()
-        workers, unit_device, train_devices, switch_measurements = start_workers(cfg, spec, rollout_kwargs, model_dir, trainer_config,
-                                                           ckpt / "trainer" if ckpt else None)
+        workers, unit_device, train_devices, switch_measurements, new_worker = start_workers(
+            cfg, spec, rollout_kwargs, model_dir, trainer_config, ckpt / "trainer" if ckpt else None)
         print(f"[bidirl] {len(workers)} device workers up in {time.perf_counter() - t_boot:.1f} s "
               f"(policy {cfg.scheduler.policy}, staleness {cfg.scheduler.staleness})", file=sys.stderr)
         controller = Controller(spec, make_policy(cfg.scheduler.policy))
@@ -118,6 +129,8 @@ class TrainSession:
                         group_offset=self.start_step * cfg.rollout.prompts_per_step,
                         version_offset=self.start_step)
         rt.switches.extend((f"prewarm.{k}", v) for k, v in switch_measurements)
+        rt.restart_worker = new_worker
+        rt.kill_lent_device_at_step = cfg.run.fault_kill_lent_device_at_step
         controller.bind(rt)
         from bidirl.runtime.reporting import StepReporter
 
@@ -181,6 +194,9 @@ class TrainSession:
             "borrows": borrow_counts(intervals) if intervals else {},
             "stage_model_median_error": rt.controller.state.est.median_errors() if rt else {},
             "switches": rt.switches if rt else [],
+            "reclaim_waits": rt.reclaim_waits if rt else [],
+            "lost_devices": rt.lost_devices if rt else [],
+            "admission": _admission_summary(rt.controller.state.admissions) if rt else {},
         }
 
     # -- checkpoints ----------------------------------------------------------------------
