@@ -12,9 +12,11 @@ Two pure functions:
   - *startup drain*: an auxiliary trainer that is still being brought up (C_in) starts
     late, so the primary keeps the work it finishes meanwhile (the aux's offset);
   - *joint tail split*: the primary deals micro-batches round-robin to its ``dp`` ranks,
-    so it only gets faster by whole rounds; the plan tries every round count and gives
-    the remainder to the auxiliaries by water-filling their finish times (offset =
-    start delay + C_grad), keeping the makespan of the slowest executor minimal.
+    so it only gets faster by whole rounds; the plan finds the round count where the
+    primary's and the auxiliaries' finish times cross (binary search: one grows, the
+    other shrinks) and gives the remainder to the auxiliaries by water-filling their
+    finish times (offset = start delay + C_grad), keeping the slowest executor's
+    makespan minimal.
 
 Lazy pull (aux trainers fetching chunks while the step runs) is not modelled: chunks are
 fixed when the step starts, which keeps the merge order fixed too.
@@ -66,23 +68,34 @@ class ChunkPlan:
 
 
 def _aux_makespan(m: int, micro_s: float, offsets: Counter) -> float:
-    """Smallest T such that the auxiliaries can finish ``m`` micro-batches by T."""
+    """Smallest T such that the auxiliaries can finish ``m`` micro-batches by T.
+
+    ``offsets`` counts auxiliaries by when they can start (offset = start delay + C_grad);
+    one that starts at ``off`` finishes its q-th micro-batch at ``off + q * micro_s``.  T is
+    one of those instants: per distinct offset, binary-search the smallest q whose instant
+    has capacity for ``m``, and keep the earliest.  O(distinct offsets^2 * log m), exact.
+    """
     if m <= 0:
         return 0.0
+    if len(offsets) == 1:  # all start together: ceil(m / n) micro-batches each
+        ((off, n),) = offsets.items()
+        return off + math.ceil(m / n) * micro_s
 
     def capacity(t: float) -> int:
         return sum(n * max(0, math.floor((t - off) / micro_s + 1e-9))
                    for off, n in offsets.items())
 
-    lo = min(offsets)
-    hi = max(offsets) + m * micro_s
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if capacity(mid) >= m:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    best = math.inf
+    for off in offsets:
+        lo, hi = 1, m  # the first auxiliary alone finishes m micro-batches by q = m
+        while lo < hi:
+            q = (lo + hi) // 2
+            if capacity(off + q * micro_s) >= m:
+                hi = q
+            else:
+                lo = q + 1
+        best = min(best, off + lo * micro_s)
+    return best
 
 
 def plan_chunks(n_micro: int, primary_micro_s: float, dp: int, aux: Sequence[AuxExecutor],
@@ -96,15 +109,28 @@ def plan_chunks(n_micro: int, primary_micro_s: float, dp: int, aux: Sequence[Aux
     if not aux or n_micro == 0 or aux_micro_s <= 0:
         return best
     offsets = Counter(a.delay_s + a.tail_s for a in aux)
-    for rounds in range(rounds_all - 1, -1, -1):
+
+    def times(rounds: int) -> tuple[int, float, float]:
         n_p = min(n_micro, rounds * dp)
-        t_p = rounds * primary_micro_s
-        t_a = _aux_makespan(n_micro - n_p, aux_micro_s, offsets)
+        return n_p, rounds * primary_micro_s, _aux_makespan(n_micro - n_p, aux_micro_s, offsets)
+
+    # The primary's time grows with its rounds and the auxiliaries' shrinks, so the best
+    # split is at their crossing: the fewest rounds with t_p >= t_a, or one round fewer.
+    lo, hi = 0, rounds_all
+    while lo < hi:
+        mid = (lo + hi) // 2
+        _, t_p, t_a = times(mid)
+        if t_p >= t_a:
+            hi = mid
+        else:
+            lo = mid + 1
+    for rounds in (lo, lo - 1):  # more primary rounds first: they win ties
+        if not 0 <= rounds < rounds_all:
+            continue
+        n_p, t_p, t_a = times(rounds)
         span = max(t_p, t_a)
         if span < best.makespan_s - 1e-9:
             caps = [max(0, math.floor((t_a - (a.delay_s + a.tail_s)) / aux_micro_s + 1e-9))
                     for a in aux]
             best = ChunkPlan(n_p, tuple(split_by_capacity(n_micro - n_p, caps)), span, t_p)
-        elif t_p < t_a:
-            break  # fewer primary rounds only push more onto the slower auxiliaries
     return best

@@ -28,7 +28,10 @@ per direction; ``trace_sha256`` is ``obs.trace.trace_sha256(intervals)`` when in
 are recorded, else a streaming sha256 over the recorder's canonical interval lines (the
 two differ; compare like with like).  ``extra`` holds the controller's decision time
 per event (``decision_us_p50/p99``) and per action, pool seconds by activity, and the
-simulator's own run time.
+simulator's own run time.  Decision times are per event handled by the controller,
+runtime work excluded, as wall time (``decision_us_*``) and as thread CPU time
+(``decision_cpu_us_*``, immune to the process being descheduled on a busy machine):
+p50, p99, p99.9 and max.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
     ideal = rt.tokens_trained / ideal_wall if ideal_wall > 0 else 0.0
     ends = [0.0] + rt.step_ends
     dec = np.frombuffer(controller.decision_s, dtype=np.float64) * 1e6
+    dec_cpu = np.frombuffer(controller.decision_cpu_s, dtype=np.float64) * 1e6
     per_action = dec / np.maximum(1, np.frombuffer(controller.decision_actions, dtype=np.int64))
     totals = {p: sum(v) for p, v in rec.tally.items()}
     admissions = Counter()
@@ -127,11 +131,12 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
         stage_model_median_error=s.est.median_errors(),
         admission=dict(sorted(admissions.items())), intervals=intervals,
         extra={
-            "decision_us_p50": float(np.percentile(dec, 50)) if dec.size else 0.0,
-            "decision_us_p99": float(np.percentile(dec, 99)) if dec.size else 0.0,
-            # An event that admits a whole new batch issues one action per group.
+            **_percentiles("decision_us", dec),
+            **_percentiles("decision_cpu_us", dec_cpu),
+            # An event that admits a whole new batch issues one action per replica.
             "decision_us_per_action_p99": float(np.percentile(per_action, 99))
             if dec.size else 0.0,
+            "actions_max": int(max(controller.decision_actions, default=0)),
             "events": int(dec.size), "sim_seconds": elapsed_s,
             "colocated_switches": rt.lends["colocated"],
             "pool_seconds": {p: dict(zip(("busy", "idle", "switching"), v))
@@ -141,6 +146,15 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
             "admission_net_s": sum(d.net_s for d in s.admissions if d.admit and d.guided),
         },
     )
+
+
+def _percentiles(name: str, us: np.ndarray) -> dict[str, float]:
+    """p50, p99, p99.9 and max of per-event decision times (microseconds)."""
+    if not us.size:
+        return {f"{name}_{k}": 0.0 for k in ("p50", "p99", "p999", "max")}
+    p50, p99, p999 = np.percentile(us, (50, 99, 99.9))
+    return {f"{name}_p50": float(p50), f"{name}_p99": float(p99),
+            f"{name}_p999": float(p999), f"{name}_max": float(us.max())}
 
 
 def _trace_sha(rec: Recorder) -> str:

@@ -184,9 +184,12 @@ class SimRuntime:
         eng = self.engines[u]
         self._advance(u, now)
         tokens = 0
-        for gid in a.group_ids:
-            tokens += eng.admit(gid, self.lengths.lengths(gid), self.partials.pop(gid, None))
-        stall = self.truth.rollout.prefill_s(tokens) * self.noise()
+        stall = 0.0
+        prefill_s = self.truth.rollout.prefill_s
+        for gid in a.group_ids:  # one prefill per group, as when groups arrive one by one
+            n = eng.admit(gid, self.lengths.lengths(gid), self.partials.pop(gid, None))
+            tokens += n
+            stall += prefill_s(n) * self.noise()
         eng.stall(now, stall)
         p = self._prefill[u]
         p[0] += len(a.group_ids)
