@@ -48,6 +48,7 @@ class RolloutConfig:
     max_new_tokens: int = 16
     temperature: float = 1.0
     max_num_seqs: int = 128  # vLLM's concurrent sequences per replica
+    kv_cache_mb: int = 256  # vLLM KV-cache memory per replica (explicit: never sized from host RAM)
 
 
 @dataclass
@@ -73,6 +74,7 @@ class ClusterConfig:
     rollout_devices: int = 1
     train_devices: int = 1
     device: str = "cpu"  # cpu | cuda
+    gpus_per_device: float = 1.0  # cuda: GPU share per device worker (0.5: two workers per GPU)
     ray_address: str | None = None  # join an existing cluster instead of starting one
     prewarm: bool = True  # start borrowable roles once and park them, so C_in is a hot switch
 
@@ -195,6 +197,8 @@ def validate(c: TrainConfig) -> TrainConfig:
     need(c.cluster.train_devices >= 1, "cluster.train_devices", "at least 1",
          c.cluster.train_devices)
     need(c.cluster.device in ("cpu", "cuda"), "cluster.device", "cpu or cuda", c.cluster.device)
+    need(0 < c.cluster.gpus_per_device <= 1, "cluster.gpus_per_device", "in (0, 1]", c.cluster.gpus_per_device)
+    need(c.rollout.kv_cache_mb >= 16, "rollout.kv_cache_mb", "at least 16", c.rollout.kv_cache_mb)
     need(c.run.steps >= 1, "run.steps", "at least 1", c.run.steps)
     need(c.run.checkpoint_every >= 0, "run.checkpoint_every", ">= 0 (0 disables)",
          c.run.checkpoint_every)

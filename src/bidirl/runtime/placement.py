@@ -90,13 +90,14 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
 
     n = spec.devices
     gpu = cfg.cluster.device == "cuda"
-    bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
+    share = cfg.cluster.gpus_per_device
+    bundle = {"CPU": 1, "GPU": share} if gpu else {"CPU": 1}
     pg = placement_group([bundle] * n, strategy="PACK")
     try:
         ray.get(pg.ready(), timeout=120)
     except Exception as e:
         raise ConfigError(f"cluster: cannot place {n} device workers ({bundle} each): {e}") from None
-    cls = worker_class(num_cpus=1, num_gpus=1 if gpu else 0)
+    cls = worker_class(num_cpus=1, num_gpus=share if gpu else 0)
 
     def new_worker(d: int):
         """A worker for device ``d`` in its own placement bundle (also used to restart one)."""

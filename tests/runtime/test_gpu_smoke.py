@@ -1,0 +1,15 @@
+"""The GPU smoke script, as a test that runs only where a CUDA device exists."""
+
+import subprocess
+
+import pytest
+from runtime_cli_helpers import ROOT
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+def test_gpu_smoke_script(tmp_path):
+    out = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=480, env={"OUT": str(tmp_path / "gpu"), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "gpu" / "switch_costs.json").is_file()
