@@ -60,7 +60,12 @@ class AuxLending:
                 ready.append(AuxExecutor(u, delay, c_grad))
         new: list[int] = []
         if self.guided and s.spec.aux_trainers and s.idle_replicas and mbs:
-            new = self._choose(s, mbs, ready, sorted(s.idle_replicas), c_in, c_grad)
+            # Idle with nothing admissible: a replica that is empty only because this very
+            # event (e.g. the weight sync that lets the next batch start) has not filled it
+            # yet is not idle, and lending it would stall the rollout it is about to do.
+            idle = [u for u in sorted(s.idle_replicas) if s.next_group(u, s.spec.steps - 1) is None]
+            if idle:
+                new = self._choose(s, mbs, ready, idle, c_in, c_grad)
         for u in new:
             yield Lend(u, Role.AUX_TRAIN)
         return ready + [AuxExecutor(u, c_in, c_grad) for u in new]
