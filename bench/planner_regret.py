@@ -14,7 +14,9 @@ sizes, device counts, length distributions and staleness bounds):
 
 Prints a table, writes ``bench/results/planner_regret.json``.  Simulated results are
 cached in ``bench/results/planner_regret.cache.json`` (keyed by scenario, envelope,
-policy and steps) so an interrupted run resumes; ``--fresh`` ignores the cache.
+policy, steps and a hash of the simulator's code: ``src/bidirl/{policy,sim,controller,perf,
+core}``) so an interrupted run resumes and a change to the policy or simulator re-simulates;
+``--fresh`` ignores the cache.
 
     .venv/bin/python bench/planner_regret.py --quick      # a few minutes
     .venv/bin/python bench/planner_regret.py              # grid + 30 random scenarios
@@ -24,6 +26,7 @@ policy and steps) so an interrupted run resumes; ``--fresh`` ignores the cache.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import statistics
@@ -40,6 +43,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RANDOM_HARDWARE = ("A6000-48GB", "H100-80GB", "H200-141GB", "A100-80GB")
 RANDOM_MODELS = ("Qwen3-4B", "Qwen3-8B", "Qwen2.5-7B", "Qwen3-14B", "Qwen3-32B")
 RANDOM_DEVICES = (6, 10, 12, 14, 20, 24, 28, 36, 40, 48)
+SIM_PACKAGES = ("policy", "sim", "controller", "perf", "core")  # what a simulated run executes
+
+
+def sim_code_version() -> str:
+    """A short hash of the simulator's and policies' source: cached runs of other code are stale."""
+    src = Path(__file__).resolve().parent.parent / "src" / "bidirl"
+    h = hashlib.sha256()
+    for pkg in SIM_PACKAGES:
+        for f in sorted((src / pkg).rglob("*.py")):
+            h.update(str(f.relative_to(src)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
 
 
 def random_scenarios(n: int, seed: int, steps: int) -> list[Scenario]:
@@ -75,14 +89,17 @@ class SimCache:
 
     def __init__(self, path: Path, fresh: bool) -> None:
         self.path = path
+        self.version = sim_code_version()  # fixed at start: the code this process imported
         self.data: dict[str, dict] = {}
         if path.exists() and not fresh:
-            self.data = json.loads(path.read_text())
+            prefix = self.version + "|"
+            self.data = {k: v for k, v in json.loads(path.read_text()).items()
+                         if k.startswith(prefix)}  # other code versions are stale
         self.sims = 0
         self.sim_s = 0.0
 
     def run(self, sc: Scenario, env: Envelope, policy: str, steps: int) -> dict:
-        key = f"{sc.name}|{sc.seed}|{env.key()}|{policy}|{steps}"
+        key = f"{self.version}|{sc.name}|{sc.seed}|{env.key()}|{policy}|{steps}"
         if key not in self.data:
             from bidirl.sim.run import simulate
 
@@ -245,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows)
     print_table(rows, summary)
     report = {"command": " ".join(["bench/planner_regret.py", *(argv or sys.argv[1:])]),
+              "sim_code_version": cache.version,
               "steps": args.steps, "max_envelopes": args.max_envelopes,
               "wall_s": time.perf_counter() - t0, "simulations": cache.sims,
               "simulation_s": cache.sim_s, "summary": summary, "speed": speed(),

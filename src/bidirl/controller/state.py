@@ -19,6 +19,7 @@ Unit status::
 from __future__ import annotations
 
 import heapq
+import math
 from enum import StrEnum
 
 from bidirl.controller.actions import (
@@ -87,6 +88,8 @@ class ClusterState:
         self.accepting = [u < spec.n_replicas for u in range(n)]
         self.unit_groups: list[set[int]] = [set() for _ in range(n)]
         self.draining: set[int] = set()  # policy wants these emptied (no new groups)
+        # Replicas coming home from a borrowed role (C_out): filling leaves them their share.
+        self.returning: set[int] = set()
         self._heap = [(0, u) for u in range(spec.n_replicas)]
         self.idle_replicas: set[int] = set(range(spec.n_replicas))  # home, empty replicas
         # Queue: fresh groups are next_fresh.. in id order (``_ahead``: fresh groups already
@@ -175,7 +178,9 @@ class ClusterState:
 
         The greedy of ``pick_replica`` + ``next_group`` run to exhaustion: each group goes
         to the least-loaded accepting unit with room for a whole group, while that unit
-        may start it (batch <= ``limit_batch`` and within staleness of its version).  The
+        may start it (batch <= ``limit_batch`` and within staleness of its version).  While
+        replicas are on their way home (``returning``) the room stops at ``_fill_level``,
+        so the first replica back does not take the whole queue from its peers.  The
         result must be committed (one ``AssignGroups`` per unit, any order) before the state
         is read again: the heaps are updated in place with what the plan takes, which the
         commits make true.  O(log units) per group, no allocation but the ids.
@@ -185,6 +190,7 @@ class ClusterState:
         heap, load, accepting, draining = self._heap, self.load, self.accepting, self.draining
         version, partial, partial_left = self.unit_version, self._partial, self.partial_left
         fresh, total = self.next_fresh, spec.total_groups
+        level = self._fill_level(limit_batch) if self.returning else cap
         added: dict[int, int] = {}
         plan: dict[int, list[int]] = {}
         pop, replace = heapq.heappop, heapq.heapreplace
@@ -196,7 +202,7 @@ class ClusterState:
                 pop(heap)
             else:
                 break
-            if lu + need > cap and lu:
+            if lu + need > level and lu:
                 break
             gid = self._partial_head()
             if gid is not None:
@@ -307,6 +313,7 @@ class ClusterState:
             kind = "roll_on_train" if ev.role is Role.ROLLOUT else "train_on_roll"
             self.est.observe(f"{kind}.c_out", (), ev.seconds)
         self.status[u] = UnitStatus.HOME
+        self.returning.discard(u)
         self.away[self.spec.unit_pool(u)] -= 1
         self.colocated[u] = False
         if u < self.spec.n_replicas:
@@ -387,9 +394,21 @@ class ClusterState:
         if self.status[u] not in (UnitStatus.LENDING, UnitStatus.LENT):
             raise ValueError(f"unit {u} is {self.status[u].value}; cannot reclaim")
         self.status[u] = UnitStatus.RECLAIMING
+        if u < self.spec.n_replicas and not self.colocated[u]:
+            self.returning.add(u)
         self._set_accepting(u, False)
 
     # -- helpers ---------------------------------------------------------------------
+    def _fill_level(self, limit_batch: int) -> int:
+        """The load to fill units up to while replicas are returning: the admissible work
+        (running + queued responses) spread evenly over accepting and returning units.
+        O(units), and only while a replica is returning (a second or so after a step)."""
+        s = self.spec
+        units = [u for u in range(s.n_units) if self.accepting[u] and u not in self.draining]
+        through = min(limit_batch, self.synced + s.staleness)
+        work = sum(self.load[u] for u in units) + self.queued_groups(through) * s.group_size
+        return min(s.replica_cap, math.ceil(work / (len(units) + len(self.returning))))
+
     def _partial_head(self) -> int | None:
         """The lowest partial group waiting to be resumed (stale heap entries dropped)."""
         heap, seq = self._partial, self._partial_seq

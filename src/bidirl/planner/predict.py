@@ -190,18 +190,41 @@ def _tail(m: _Model, queue: float, step: float) -> float:
     return step * m.staggered(queue / step) + m.prefill_group_s
 
 
+def _feedable(m: _Model, env: Envelope, s: int) -> int:
+    """Units the policy lends when the trainer starts waiting: ``ceil(queued / g)``, with
+    ``queued = (s + 1) G - N g`` admissible groups beyond the primaries' group slots."""
+    queued = (s + 1) * m.responses / m.group_size - env.rollout_replicas * m.group_slots
+    if queued <= 0 or not env.borrowable_replicas:
+        return 0
+    return min(env.borrowable_replicas, math.ceil(queued / m.group_slots - 1e-9))
+
+
+def _lent_replicas(m: _Model, env: Envelope, s: int, period: float, theta: float) -> float:
+    """Replica-equivalents the training pool adds while the trainer waits (Rollouter-on-TrainPool).
+
+    The policy lends only units it can feed: ``ceil(queued x n / cap)`` at the start of the
+    idle window, where ``queued`` counts admissible groups (batches up to ``version + s``)
+    that found no slot on the primaries.  At most ``s + 1`` batches are admissible, so
+    ``queued <= (s + 1) G - N g`` (``g`` group slots per replica): when the primaries'
+    slots hold every admissible batch, nothing queues and nothing is lent.  The lent
+    replicas run for the idle window ``T - theta - C_in - C_out`` and take at most the
+    queued share ``q`` of the in-flight groups, so they add at most ``N q / (1 - q)``.
+    """
+    lent = _feedable(m, env, s)
+    if not lent:
+        return 0.0
+    groups = (s + 1) * m.responses / m.group_size
+    share = 1.0 - env.rollout_replicas * m.group_slots / groups
+    window = max(0.0, period - theta - m.c_roll)
+    return min(lent * window / period, env.rollout_replicas * share / (1.0 - share))
+
+
 def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _Steady:
     """The right-hand side of the period equation at a trial ``period``."""
     n = float(env.rollout_replicas)
     theta = m.max_rank_s + m.overhead_s
-    if option in ("roll_on_train", "both") and env.borrowable_replicas:
-        # Lent replicas are fed only queued groups: they add capacity for the share of
-        # the period in which groups wait for a slot on the primaries.
-        b0 = _running(m, period, n)
-        fluid0 = _fluid(m, n)
-        queued = _queue(m, fluid0, b0, n) / fluid0
-        window = max(0.0, period - theta - m.c_roll)
-        n += env.borrowable_replicas * window / period * queued
+    if option in ("roll_on_train", "both"):
+        n += _lent_replicas(m, env, s, period, theta)
     b = _running(m, period, n)
     step = m.a + m.beta * b
     if option in ("train_on_roll", "both") and env.aux_trainer_ranks:
@@ -222,7 +245,7 @@ def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _
     return _Steady(rhs, latency, theta, b, fluid, queue, step)
 
 
-def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int) -> float:
+def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int) -> float:
     """Wall time of ``steps`` steps: the pipeline fill, steady periods, a shorter last tail.
 
     At the start ``s + 1`` batches are admissible and every group slot is free, so batch
@@ -231,7 +254,7 @@ def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int) -> flo
     """
     n = float(env.rollout_replicas)
     if option in ("roll_on_train", "both"):
-        n += env.borrowable_replicas  # the trainer idles from the start
+        n += _feedable(m, env, s)  # the trainer idles from the start
     b0 = min(float(m.cap), m.first_running * env.rollout_replicas / n)
     q0 = _queue(m, _fluid(m, n), 0.0, n)
     first = q0 + _tail(m, q0, m.a + m.beta * b0)
@@ -269,7 +292,7 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS)
     best = None
     for option in options:
         st = base if option == "none" else _solve(m, env, s, option)
-        wall = _wall(m, env, st, option, ctx.steps)
+        wall = _wall(m, env, st, option, ctx.steps, s)
         if best is None or wall < best[0] * (1 - 1e-9):
             best = (wall, option, st)
     wall, option, st = best

@@ -81,7 +81,7 @@ class ClusterConfig:
 
 @dataclass
 class RunConfig:
-    steps: int = 200
+    steps: int = 500
     seed: int = 0
     run_dir: str | None = None  # default: runs/<timestamp>
     checkpoint_every: int = 50  # steps; 0 disables periodic checkpoints

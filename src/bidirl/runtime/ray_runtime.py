@@ -227,6 +227,8 @@ class RayRuntime:
         done = [g for g in done if g in self.unit_groups.get(u, ())]
         if done:
             self._events.append(self._completed(u, done))
+        for tokens, secs in out.get("prefills", []):
+            self._events.append(StageMeasured("prefill", (1.0, float(tokens)), secs))
         m = out["measurements"]
         if m:
             self._last_work_s[self.unit_device(u)] = max(x for _, _, x in m)

@@ -80,6 +80,7 @@ class RolloutRole:
         self._live: dict[str, ResponseRequest] = {}
         self._partial: dict[str, ResponseResult] = {}
         self._context: dict[str, int] = {}
+        self._prefill_tokens = 0  # prompt tokens submitted since the last step
 
     # -- requests ---------------------------------------------------------------------
     def submit(self, requests: list[ResponseRequest]) -> None:
@@ -96,6 +97,7 @@ class RolloutRole:
             self._live[r.request_id] = r
             self._partial[r.request_id] = self._empty_result(r)
             self._context[r.request_id] = len(r.prompt_ids) + len(r.prefix_ids)
+            self._prefill_tokens += len(r.prompt_ids) + len(r.prefix_ids)
 
     @property
     def running(self) -> int:
@@ -111,19 +113,25 @@ class RolloutRole:
         """
         finished: list[ResponseResult] = []
         measurements: list[tuple[int, int, float]] = []
+        prefills: list[tuple[int, float]] = []
         t_end = time.perf_counter() + budget_s
         while self._live:
             batch, ctx = len(self._live), sum(self._context.values())
+            prefill, self._prefill_tokens = self._prefill_tokens, 0
             t0 = time.perf_counter()
             outputs = self._engine.step()
-            measurements.append((batch, ctx, time.perf_counter() - t0))
+            took = time.perf_counter() - t0
+            # A step that also prefills new prompts is not a decode step: it would bias the
+            # decode model, so it is reported as a prefill measurement instead.
+            (prefills.append((prefill, took)) if prefill else measurements.append((batch, ctx, took)))
             for out in outputs:
                 res = self._absorb(out)
                 if res is not None:
                     finished.append(res)
             if (finished and stop_on_finish) or time.perf_counter() >= t_end:
                 break
-        return {"finished": finished, "measurements": measurements, "running": self.running}
+        return {"finished": finished, "measurements": measurements, "prefills": prefills,
+                "running": self.running}
 
     def abort_all(self) -> list[ResponseResult]:
         """Abort every live request; return their partial prefixes (possibly empty)."""
