@@ -131,7 +131,7 @@ def oracle_set(result, max_envelopes: int | None) -> list:
 
 
 def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: int | None,
-                      gains: bool, log) -> dict:
+                      gains: bool, log, kind: str = "grid") -> dict:
     result = plan(sc, top_k=5, steps=steps)
     pick = result.envelope
     oracle = oracle_set(result, max_envelopes)
@@ -145,8 +145,11 @@ def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: 
     pred = result.predicted_tokens_per_s
     errors = [abs(c.prediction.tokens_per_s - r["tokens_per_s"]) / r["tokens_per_s"]
               for c, r in sims.values()]
+    ranked = [c.envelope.key() for c in result.candidates]
     row = {
-        "scenario": sc.name, "description": sc.description, "devices": sc.devices,
+        "scenario": sc.name, "set": kind, "description": sc.description, "devices": sc.devices,
+        # where the best simulated envelope sits in the planner's ranking (0 = the pick)
+        "best_predicted_rank": ranked.index(best_key),
         "pick": pick.to_json(), "pick_label": pick.label(),
         "best_label": sims[best_key][0].envelope.label(),
         "predicted_tokens_per_s": pred, "simulated_pick_tokens_per_s": got,
@@ -173,8 +176,8 @@ def summarize(rows: list[dict]) -> dict:
         return {"median": statistics.median(vals), "max": max(vals), "n": len(vals)} if vals else {}
 
     out = {}
-    for name, subset in (("grid", [r for r in rows if "gains" in r]),
-                         ("random", [r for r in rows if "gains" not in r]), ("all", rows)):
+    for name, subset in (("grid", [r for r in rows if r["set"] == "grid"]),
+                         ("random", [r for r in rows if r["set"] == "random"]), ("all", rows)):
         out[name] = {"regret": stats("regret", subset),
                      "prediction_error": stats("prediction_error", subset),
                      "prediction_error_all_envelopes": stats("median_prediction_error_all",
@@ -190,6 +193,9 @@ def print_table(rows: list[dict], summary: dict) -> None:
               f"{r['simulated_pick_tokens_per_s']:9.0f} {r['simulated_best_tokens_per_s']:9.0f} "
               f"{r['regret']:7.1%} {r['prediction_error']:6.1%} {r['envelopes_simulated']:4d}")
     grid = [r for r in rows if "gains" in r]
+    ranks = [r["best_predicted_rank"] for r in rows]
+    print(f"best simulated envelope's rank in the planner's order: max {max(ranks)}, "
+          f"median {statistics.median(ranks)}")
     if grid:
         print(f"\n{'separate the two gains':34} {'async half':>11} {'bidirl half':>12} "
               f"{'async best':>11} {'bidirl plan':>12} {'runtime':>8} {'planner':>8}")
@@ -249,14 +255,15 @@ def main(argv: list[str] | None = None) -> int:
         args.max_envelopes = args.max_envelopes or 12
     cache = SimCache(args.out.with_suffix(".cache.json"), args.fresh)
     rows, t0 = [], time.perf_counter()
-    scenarios = [(sc, not args.no_gains) for sc in grid] + [(sc, False) for sc in rand]
+    scenarios = ([(sc, not args.no_gains, "grid") for sc in grid]
+                 + [(sc, False, "random") for sc in rand])
 
     def log(msg: str) -> None:
         print(f"\r[{len(rows) + 1}/{len(scenarios)} {time.perf_counter() - t0:6.0f} s] {msg}"
               + " " * 10, end="", file=sys.stderr, flush=True)
 
-    for sc, gains in scenarios:
-        rows.append(evaluate_scenario(sc, cache, args.steps, args.max_envelopes, gains, log))
+    for sc, gains, kind in scenarios:
+        rows.append(evaluate_scenario(sc, cache, args.steps, args.max_envelopes, gains, log, kind))
         cache.save()
     print(file=sys.stderr)
     summary = summarize(rows)

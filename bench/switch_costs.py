@@ -64,7 +64,7 @@ def main() -> int:
 
         for r in range(args.rounds + 1):
             w = trainer_dev.call.remote("train", "weights")
-            c_in = ray.get(trainer_dev.host.remote("rollout", **roll_kw, weights=w, version=r))
+            c_in = ray.get(trainer_dev.host.remote("rollout", **roll_kw, weights=[w], version=r))
             reqs = [ResponseRequest(g, i, [1, 5, 6, 7], 64, seed=g * 8 + i) for g in range(4) for i in range(8)]
             ray.get(trainer_dev.call.remote("rollout", "submit", reqs))
             ray.get(trainer_dev.call.remote("rollout", "run", 0.0))
@@ -83,7 +83,7 @@ def main() -> int:
             w = trainer_dev.call.remote("train", "weights")
             version = ray.get(trainer_dev.call.remote("train", "get_version"))
             c_in = ray.get(rollout_dev.host.remote("aux_train", model_dir=model, config={"lr": 1e-4},
-                                                   weights=w, version=version))
+                                                   weights=[w], version=version))
             own = trainer_dev.call.options(num_returns=2).remote("train", "compute_chunk_ref", mbs[:1], total)[0]
             aux = rollout_dev.call.options(num_returns=2).remote("aux_train", "compute_chunk_ref", mbs[1:], total)[0]
             ray.wait([own, aux], num_returns=2)

@@ -130,3 +130,25 @@ def test_planner_is_pure():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == ""
+
+
+def test_nothing_is_lent_to_rollout_when_the_primaries_hold_every_admissible_batch(make_scenario):
+    """The policy lends a trainer unit only to run queued groups: when the primaries' group
+    slots hold all ``s + 1`` admissible batches nothing queues, so borrowing in that
+    direction cannot change the prediction; when they do not, it can only lend as many
+    units as the queue fills."""
+    from bidirl.planner import predict as pm
+
+    sc = make_scenario(devices=32, model="Qwen3-4B", staleness=1, max_len=16384)
+    ctx = PlanContext.from_scenario(sc, steps=8)
+    for key in ((16, 4, 4, 4), (16, 8, 2, 8)):
+        env = evaluate(ctx, Envelope(key[0], 32 - key[0], key[1], key[2], key[3])).envelope
+        m = pm._model(ctx, env)
+        groups = (ctx.staleness + 1) * ctx.prompts_per_step
+        queued = groups - env.rollout_replicas * m.group_slots
+        lent = pm._feedable(m, env, ctx.staleness)
+        if queued <= 0:
+            assert lent == 0
+            assert predict(ctx, env, ("none", "roll_on_train")).borrowed == "none"
+        else:
+            assert 0 < lent <= min(env.borrowable_replicas, -(-queued // m.group_slots))

@@ -108,3 +108,17 @@ def test_device_time_is_conserved_in_real_runs(tmp_path, real_runtime_available)
            for e in trace["traceEvents"] if e.get("ph") == "X"]
     wall = max(i.end_s for i in ivs)
     assert check_conservation(ivs, 2, wall, tol=1e-5) == []
+
+
+@pytest.mark.parametrize("policy", ["one-step-off", "roll-borrow", "train-borrow", "bidirl"])
+def test_every_policy_runs_for_real(tmp_path, policy, real_runtime_available):
+    """async, sync and bidirl-opportunistic run in the tests above; these are the rest."""
+    run = tmp_path / "run"
+    out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=3", f"scheduler.policy={policy}",
+                  "run.plot=false", "run.tensorboard=false")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["audit"]["ok"], summary["audit"]
+    assert sorted(r["group"] for r in _ledger(run)) == list(range(3 * 4))
+    if policy in ("roll-borrow", "bidirl"):
+        assert any(k.startswith("prewarm.roll_on_train") for k, _ in summary["switches"])

@@ -11,7 +11,7 @@
     |                      |   actions   |                                     |
     |   execute(action)    | <---------- | for action in policy.decide(...):   |
     +----------------------+             |     state.commit(action)            |
-                                         |     runtime.execute(action)         |
+                                         | then runtime.execute(each action)   |
                                          +-------------------------------------+
 
     prompt groups:  queue --AssignGroups--> replica --GroupsCompleted--> batch b
@@ -55,21 +55,23 @@ class Controller:
         self.runtime = runtime
 
     def on_event(self, event: Event) -> None:
-        """Handle one event: the main loop of the scheduler."""
+        """Handle one event: the main loop of the scheduler.
+
+        The policy's actions are committed to the state as they come (so the policy reads
+        its own earlier actions) and handed to the runtime once the decision is complete;
+        a runtime never reacts synchronously, so the order of effects is the same.
+        """
         start, cpu = perf_counter(), thread_time()
-        executing = executing_cpu = 0.0
-        actions = 0
         self.state.observe(event, self.runtime.now())
+        actions = []
         for action in self.policy.decide(self.state, event):
             self.state.commit(action)
-            t0, c0 = perf_counter(), thread_time()
+            actions.append(action)
+        self.decision_cpu_s.append(thread_time() - cpu)
+        self.decision_s.append(perf_counter() - start)
+        self.decision_actions.append(len(actions))
+        for action in actions:
             self.runtime.execute(action)
-            executing_cpu += thread_time() - c0
-            executing += perf_counter() - t0
-            actions += 1
-        self.decision_cpu_s.append(thread_time() - cpu - executing_cpu)
-        self.decision_s.append(perf_counter() - start - executing)
-        self.decision_actions.append(actions)
 
     @property
     def finished(self) -> bool:

@@ -333,7 +333,7 @@ class ClusterState:
         gps, size, prompt, total = s.groups_per_step, s.group_size, s.prompt_tokens, s.total_groups
         by_id, started, assigned_at = self.groups.groups, self.started, self._assigned_at
         partial, ahead, generating = self._partial_seq, self._ahead, GroupState.GENERATING
-        nxt, responses = self.next_fresh, 0
+        nxt, responses, v = self.next_fresh, 0, self.unit_version[u]
         for gid in a.group_ids:
             if gid in partial:
                 del partial[gid]  # its heap entry is stale now (lazy deletion)
@@ -346,7 +346,9 @@ class ClusterState:
             if gid < nxt or gid in ahead or gid >= total or gid in by_id:
                 raise ValueError(f"group {gid} cannot start: not queued (next fresh group is {nxt})")
             b = gid // gps
-            by_id[gid] = PromptGroup(gid, b, size, prompt, generating, replica=u,
+            # Its first tokens come from the version the replica holds now: staleness
+            # counts from there, even if the replica is updated before the group ends.
+            by_id[gid] = PromptGroup(gid, b, size, prompt, generating, v, v, replica=u,
                                      history=[(t, generating)])
             started[b] += 1
             if started[b] == gps:

@@ -29,8 +29,12 @@ solved by bisection (the right side does not grow with ``T``).
 Borrowing, modelled as the runtime's policy does it; an option is kept only when the
 predicted wall time drops (the runtime admits a borrow only when it pays):
 
-* Rollouter-on-TrainPool: ``N_b`` replicas on the training pool are fed queued groups
-  during the trainer's idle window: ``N -> N + N_b (T - theta - C_in - C_out)/T x Q/T_fluid``.
+* Rollouter-on-TrainPool: the policy lends only the units queued groups can fill, and at
+  most ``s + 1`` batches are admissible, so the queue is at most ``q_G = (s+1) G - N g``
+  groups (``g`` group slots per replica) and ``N_b = min(T_devices / rollout_tp,
+  ceil(q_G / g))`` (none when ``q_G <= 0``).  They serve during the trainer's idle window
+  and take at most the queued share ``q = q_G / ((s+1) G)`` of the work:
+  ``N -> N + min(N_b (T - theta - C_in - C_out) / T, N q / (1 - q))``.
   A batch is admitted when a step ends, when the lent replicas are home and have handed
   their groups back, so ``Q`` counts the primaries' free slots only.
 * Trainer-on-RollPool: a replica that has run dry at step start (share
@@ -55,6 +59,7 @@ from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope
 
 OPTIONS = ("none", "roll_on_train", "train_on_roll", "both")
+_WITHOUT_AUX = {"train_on_roll": "none", "both": "roll_on_train"}
 
 
 @dataclass(frozen=True)
@@ -245,12 +250,14 @@ def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _
     return _Steady(rhs, latency, theta, b, fluid, queue, step)
 
 
-def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int) -> float:
+def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int,
+          end: _Steady | None = None) -> float:
     """Wall time of ``steps`` steps: the pipeline fill, steady periods, a shorter last tail.
 
     At the start ``s + 1`` batches are admissible and every group slot is free, so batch
     0 queues only for what does not fit; the last batch drains with nothing admitted
-    behind it, so its tail runs at about half the steady load.
+    behind it, so its tail runs at about half the steady load.  ``end``: auxiliary
+    trainers that only the first step and the last ``s`` steps get (``predict``).
     """
     n = float(env.rollout_replicas)
     if option in ("roll_on_train", "both"):
@@ -261,7 +268,10 @@ def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int
     steady_tail = _tail(m, st.queue, st.step)
     last_tail = _tail(m, st.queue, m.a + m.beta * st.running / 2)
     ending = max(0.0, steady_tail - last_tail) if steps > 1 else 0.0
-    return first + st.theta + (steps - 1) * st.period - ending
+    if end is None:
+        return first + st.theta + (steps - 1) * st.period - ending
+    k = min(s, steps - 1)
+    return first + end.theta + (steps - 1 - k) * st.period + k * end.period - ending
 
 
 def _solve(m: _Model, env: Envelope, s: int, option: str) -> _Steady:
@@ -288,11 +298,23 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS)
     """
     m = _model(ctx, env)
     s = ctx.staleness
-    base = _solve(m, env, s, "none")
+    solved = {"none": _solve(m, env, s, "none")}
+    base = solved["none"]
     best = None
     for option in options:
-        st = base if option == "none" else _solve(m, env, s, option)
-        wall = _wall(m, env, st, option, ctx.steps, s)
+        if option not in solved:
+            solved[option] = _solve(m, env, s, option)
+        st, end = solved[option], None
+        if option in _WITHOUT_AUX and st.period <= st.theta * (1 + 1e-6):
+            # Train-bound even with auxiliaries: every step starts at the weight sync that
+            # admits a new batch, so no replica is idle (nothing admissible) when the policy
+            # lends, only at the first step (the pipeline fill) and at the last s steps
+            # (no batch left to admit); the steady state runs without them.
+            plain = _WITHOUT_AUX[option]
+            if plain not in solved:
+                solved[plain] = _solve(m, env, s, plain)
+            st, end = solved[plain], st
+        wall = _wall(m, env, st, option, ctx.steps, s, end)
         if best is None or wall < best[0] * (1 - 1e-9):
             best = (wall, option, st)
     wall, option, st = best

@@ -376,7 +376,7 @@ class RayRuntime:
         w = self._primary_weights()
         kwargs = dict(self.rollout_kwargs) if role == "rollout" else {"model_dir": self.trainer_kwargs["model_dir"],
                                                                       "config": self.trainer_kwargs.get("config")}
-        kwargs.update(weights=w, version=self.version)
+        kwargs.update(weights=[w], version=self.version)  # nested: fetched inside the timed C_in
         self._switching[dev] = "C_in"
         self._lending[u] = role
 

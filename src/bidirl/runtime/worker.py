@@ -44,6 +44,11 @@ class DeviceWorker:
         if role in self.roles:
             raise RuntimeError(f"device {self.device} already hosts {role}")
         t0 = time.perf_counter()
+        w = kwargs.get("weights")
+        if isinstance(w, list) and len(w) == 1:  # [ObjectRef]: fetch inside the timed C_in
+            import ray
+
+            kwargs["weights"] = ray.get(w[0])
         if role in self.parked:
             r = self.parked.pop(role)
             r.wake()
