@@ -470,8 +470,13 @@ class RayRuntime:
         self._switching.pop(dev, None)
         self.workers[dev] = self.restart_worker(dev)
         w = self._primary_weights()
-        self._call(dev, lambda _: None, ("rollout", "restarting"), self.workers[dev].host, "rollout",
-                   **{**self.rollout_kwargs, "weights": w, "version": self.version})
+        self._switching[dev] = "restart"  # shown as switching until the replica is back
+
+        def restarted(_):
+            self._switching.pop(dev, None)
+
+        self._call(dev, restarted, None, self.workers[dev].host, "rollout",
+                   **{**self.rollout_kwargs, "weights": [w], "version": self.version})
         self.rollout_version[u] = self.version
         self.aux_version.pop(dev, None)
         was_lent = self.hosted.get(u) == "aux_train" and u not in self.reclaiming

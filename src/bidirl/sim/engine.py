@@ -103,12 +103,11 @@ class ReplicaEngine:
         limit = until + _EPS * (until if until > 1.0 else 1.0)
         k, b, bs = self.k, self.b, self.base_sum
         f0 = f1 = f2 = secs = 0.0
-        while fin:
-            e = fin[0]
-            f = e[0]
+        i, n = 0, len(fin)
+        while i < n:
+            f, gid, idx, _k0, base = fin[i]
             m = f - k
-            s0 = bs + b * k
-            s_term = m * s0 + b * m * (m - 1) * 0.5
+            s_term = m * (bs + b * k) + b * m * (m - 1) * 0.5
             dt = nz * (m * (a + c * b) + kk * s_term)
             if t + dt > limit:
                 break
@@ -118,15 +117,16 @@ class ReplicaEngine:
             f1 += m * b
             f2 += s_term
             secs += dt
-            del fin[0]
+            i += 1
             b -= 1
-            bs -= e[4]
-            g = groups[e[1]]
+            bs -= base
+            g = groups[gid]
             g[0] -= 1
-            g[2] += g[1][e[2]]
+            g[2] += g[1][idx]
             if g[0] == 0:
-                del groups[e[1]]
-                done.append(e[1])
+                del groups[gid]
+                done.append(gid)
+        del fin[:i]  # finished responses leave the front of the sorted list at once
         acc[0] += f0
         acc[1] += f1
         acc[2] += f2
@@ -163,14 +163,12 @@ class ReplicaEngine:
         target = heap[0][0]
         a, c, kk = self.theta
         t, k, b, bs, nz = self.t, self.k, self.b, self.base_sum, self.noise
-        for e in self.fin:
-            f = e[0]
+        for f, _gid, _idx, _k0, base in self.fin:
             m = f - k
-            s0 = bs + b * k
-            t += nz * (m * (a + c * b) + kk * (m * s0 + b * m * (m - 1) * 0.5))
+            t += nz * (m * (a + c * b) + kk * (m * (bs + b * k) + b * m * (m - 1) * 0.5))
             k = f
             b -= 1
-            bs -= e[4]
+            bs -= base
             if f >= target:
                 return t
         return t
