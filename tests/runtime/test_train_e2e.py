@@ -122,3 +122,13 @@ def test_every_policy_runs_for_real(tmp_path, policy, real_runtime_available):
     assert sorted(r["group"] for r in _ledger(run)) == list(range(3 * 4))
     if policy in ("roll-borrow", "bidirl"):
         assert any(k.startswith("prewarm.roll_on_train") for k, _ in summary["switches"])
+
+
+def test_data_parallel_trainer_on_two_devices(tmp_path, real_runtime_available):
+    """Two train devices form a gloo data-parallel group; the run audits clean."""
+    run = tmp_path / "run"
+    out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=3", "cluster.train_devices=2",
+                  "scheduler.policy=async", "cluster.prewarm=false", "run.plot=false")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["audit"]["ok"] and summary["audit"]["groups_trained"] == 3 * 4
