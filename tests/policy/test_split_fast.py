@@ -64,3 +64,16 @@ def test_plan_matches_the_full_scan(n_micro, p_s, dp, delays, a_s):
     fast, slow = plan_chunks(n_micro, p_s, dp, aux, a_s), plan_by_scan(n_micro, p_s, dp, aux, a_s)
     assert (fast.primary, fast.aux) == (slow.primary, slow.aux)
     assert math.isclose(fast.makespan_s, slow.makespan_s, abs_tol=1e-9)
+
+
+def test_roll_admission_sees_the_batch_the_borrowed_replicas_serve():
+    """At s = 2 the queue's head is batch b+2: a gain there must count (it used to be cut
+    off at b+1, so the rule rejected every borrow the opportunistic ablation profited from)."""
+    from bidirl.policy import admission
+
+    step = 10.0
+    ready0, free, paid = (50.0, 60.0, 300.0), (50.0, 60.0, 200.0), (50.0, 60.0, 203.0)
+    two = admission.roll_on_train(0.0, 4, step, ready0[:2], free[:2], paid[:2], 2.0)
+    three = admission.roll_on_train(0.0, 4, step, ready0, free, paid, 2.0)
+    assert not two.admit and two.benefit_s == 0.0
+    assert three.admit and three.benefit_s == 100.0 and three.cost_s == 3.0

@@ -170,6 +170,13 @@ class ClusterState:
             return gid
         return None
 
+    def queue_head(self) -> int | None:
+        """The group that starts next (partial prefixes first), if any is queued."""
+        gid = self._partial_head()
+        if gid is not None:
+            return gid
+        return self.next_fresh if self.next_fresh < self.spec.total_groups else None
+
     def has_queued_work(self) -> bool:
         return bool(self._partial_seq) or self.next_fresh < self.spec.total_groups
 

@@ -204,6 +204,15 @@ def _feedable(m: _Model, env: Envelope, s: int) -> int:
     return min(env.borrowable_replicas, math.ceil(queued / m.group_slots - 1e-9))
 
 
+def _aux_theta(m: _Model, env: Envelope, idle: float) -> float:
+    """The step with auxiliary trainers on an ``idle`` share of the replicas: micro-batches
+    split by rate (``r_p = dp / t_micro``, ``r_a`` of the auxiliaries), each auxiliary
+    paying ``C_in + C_grad``."""
+    rate_p = env.train_dp / m.micro_s
+    rate_a = env.aux_trainer_ranks * idle / m.aux_micro_s
+    return m.overhead_s + (m.micro_count + rate_a * m.c_train) / (rate_p + rate_a)
+
+
 def _lent_replicas(m: _Model, env: Envelope, s: int, period: float, theta: float) -> float:
     """Replica-equivalents the training pool adds while the trainer waits (Rollouter-on-TrainPool).
 
@@ -234,12 +243,9 @@ def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _
     step = m.a + m.beta * b
     if option in ("train_on_roll", "both") and env.aux_trainer_ranks:
         # A replica is lent at step start if it has run dry: the share of the period
-        # after its own longest response.  Rates are micro-batches per second.
+        # after its own longest response.
         idle = max(0.0, 1.0 - m.longest_replica * step / period)
-        rate_p = env.train_dp / m.micro_s
-        rate_a = env.aux_trainer_ranks * idle / m.aux_micro_s
-        shared = (m.micro_count + rate_a * m.c_train) / (rate_p + rate_a)
-        theta = min(theta, m.overhead_s + shared)
+        theta = min(theta, _aux_theta(m, env, idle))
     fluid = _fluid(m, n)
     primaries = float(env.rollout_replicas)
     # A batch is admitted when a step ends: lent replicas are home then, their running
@@ -256,8 +262,9 @@ def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int
 
     At the start ``s + 1`` batches are admissible and every group slot is free, so batch
     0 queues only for what does not fit; the last batch drains with nothing admitted
-    behind it, so its tail runs at about half the steady load.  ``end``: auxiliary
-    trainers that only the first step and the last ``s`` steps get (``predict``).
+    behind it, so its tail runs at about half the steady load.  ``end``: the steady state
+    with auxiliary trainers, which a train-bound pipeline gets only at the first step and
+    the last ``s`` steps (``predict``).
     """
     n = float(env.rollout_replicas)
     if option in ("roll_on_train", "both"):

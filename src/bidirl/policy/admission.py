@@ -8,11 +8,14 @@ how much of that the switches and the lost capacity take back.  A borrow is admi
 only when ``benefit_s > cost_s``, i.e. only at a predicted gain; every decision record is
 kept for metrics (``SimResult.admission``).
 
-Rollouter-on-TrainPool (the trainer waits for batch b; the borrowed replicas mostly
-run batch b+1, so the horizon is the start of step b+1)::
+Rollouter-on-TrainPool (the trainer waits for batch b; the borrowed replicas run the
+queue's head, batch h in b+1..b+s, so the horizon is the start of step h)::
 
-    next start = max(ready(b) [+ C_out] + step + weight sync, ready(b+1))
+    start(b) = ready(b) [+ C_out];  start(i+1) = max(start(i) + step + weight sync, ready(i+1))
     ready_k: k more replicas after C_in
+
+(With h = b+1 this is the two-step rule max(ready(b) [+ C_out] + step, ready(b+1)).  A
+horizon of b+1 alone misses the whole benefit at s >= 2, where the queue's head is b+2.)
 
 Trainer-on-RollPool (a step starts while k replicas are idle)::
 
@@ -50,27 +53,31 @@ def decide(direction: str, t: float, units: int, benefit_s: float, cost_s: float
                              units > 0 and benefit_s > cost_s)
 
 
-def roll_on_train(t: float, units: int, step_s: float, ready0: tuple[float, float],
-                  ready_free: tuple[float, float], ready_k: tuple[float, float],
+def roll_on_train(t: float, units: int, step_s: float, ready0: tuple[float, ...],
+                  ready_free: tuple[float, ...], ready_k: tuple[float, ...],
                   c_out_s: float) -> AdmissionDecision:
     """Lend ``units`` idle trainer units as rollout replicas until batch b is ready?
 
-    Judged over two steps, because replicas borrowed while the trainer waits for batch b
-    mostly work on batch b+1: each ``ready*`` is (seconds until b is ready, until b+1 is
-    ready) without borrowing, with free borrowed replicas, and with C_in paid.
-    ``step_s``: the trainer's step plus weight sync.  The trainer starts step b at
-    ready(b) (+ C_out when it must reclaim first) and step b+1 at
-    max(that + step_s, ready(b+1)).
+    Judged over the steps the borrowed replicas work for: while the trainer waits for
+    batch b they take the queue's head, a batch in b+1..b+s.  Each ``ready*`` holds the
+    seconds until batches b, b+1, ... are ready without borrowing, with free borrowed
+    replicas, and with C_in paid.  ``step_s``: the trainer's step plus weight sync.  The
+    trainer starts step b at ready(b) (+ C_out when it must reclaim first) and each later
+    step at max(previous start + step_s, ready); the benefit is how much earlier the last
+    of those steps starts.
     """
     if units <= 0:
         return decide("roll_on_train", t, 0, 0.0, 0.0)
 
-    def next_start(ready: tuple[float, float], c_out: float) -> float:
-        return max(ready[0] + c_out + step_s, ready[1])
+    def last_start(ready: tuple[float, ...], c_out: float) -> float:
+        j = ready[0] + c_out
+        for r in ready[1:]:
+            j = max(j + step_s, r)
+        return j
 
-    j0 = next_start(ready0, 0.0)
-    j_free = min(j0, next_start(ready_free, 0.0))
-    return decide("roll_on_train", t, units, j0 - j_free, next_start(ready_k, c_out_s) - j_free)
+    j0 = last_start(ready0, 0.0)
+    j_free = min(j0, last_start(ready_free, 0.0))
+    return decide("roll_on_train", t, units, j0 - j_free, last_start(ready_k, c_out_s) - j_free)
 
 
 def train_on_roll(t: float, units: int, step0_s: float, step_free_s: float,

@@ -57,9 +57,13 @@ class RollLending:
                                                units > 0, guided=False)
         b = s.next_step
         c_in = est.switch.estimate("roll_on_train.c_in")
+        # Borrowed replicas take the queue's head: judge every step up to its batch (the
+        # next one at s = 1, up to b + s at larger bounds), not only the next two.
+        head = s.queue_head()
+        last = max(b + 1, min(limit, head // spec.groups_per_step if head is not None else b + 1))
 
-        def ready(add: int, delay: float) -> tuple[float, float]:
-            return (predict.ready_in(s, b, add, delay), predict.ready_in(s, b + 1, add, delay))
+        def ready(add: int, delay: float) -> tuple[float, ...]:
+            return tuple(predict.ready_in(s, k, add, delay) for k in range(b, last + 1))
 
         return admission.roll_on_train(
             s.t, units, est.step_s.value + est.weight_sync_s(), ready(0, 0.0),

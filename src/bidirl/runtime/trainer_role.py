@@ -27,29 +27,6 @@ class TrainerRole:
     def version(self) -> int:
         return self.trainer.version
 
-    def compute_chunk(self, samples: list[dict], micro_batch_size: int, total_tokens: int
-                      ) -> tuple[GradChunk, list[tuple[int, int, float]]]:
-        """Gradients of ``samples`` (already in batch order), one entry per micro-batch.
-
-        Also returns ``(tokens, max_seq_len, seconds)`` per micro-batch: the features and
-        measurement of the training stage-time model.
-        """
-        ts = [TrainSample(**s) for s in samples]
-        mbs = [ts[i:i + micro_batch_size] for i in range(0, len(ts), micro_batch_size)]
-        grads, metrics, timings = [], {}, []
-        for mb in mbs:
-            t0 = time.perf_counter()
-            part = self.trainer.compute_chunk_grads([mb], total_tokens, per_microbatch=True)
-            took = time.perf_counter() - t0
-            grads += part.grads
-            for k, v in part.metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + v
-            tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in mb)
-            seq = max(len(s.prompt_ids) + len(s.response_ids) for s in mb)
-            timings.append((tokens, seq, took))
-        n_tok = sum(len(s.response_ids) for s in ts)
-        return GradChunk(grads, n_tok, metrics, self.trainer.version), timings
-
     def compute_chunk_ref(self, microbatches: list[list[dict]], total_tokens: int
                           ) -> tuple[GradChunk, list[tuple[int, int, float]]]:
         """Gradients of explicit micro-batches (lists of sample dicts), in order."""
