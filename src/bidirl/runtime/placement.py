@@ -71,10 +71,12 @@ def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: 
     # One hot round trip per direction: the switch-cost estimator starts from measurements
     # of this machine instead of priors.
     measured = []
+    primary = workers[spec.train_devices[0]]
     for w, role, _ in calls:
         kind = "roll_on_train" if role == "rollout" else "train_on_roll"
         kw = rollout_kwargs if role == "rollout" else {"model_dir": model_dir, "config": trainer_config}
-        measured.append((f"{kind}.c_in", ray.get(w.host.remote(role, **kw))))
+        weights = primary.call.remote("train", "weights")  # a real lend loads the newest weights
+        measured.append((f"{kind}.c_in", ray.get(w.host.remote(role, **kw, weights=[weights], version=0))))
         measured.append((f"{kind}.c_out", ray.get(w.release.remote(role, park=True))[0]))
     return measured
 
