@@ -26,8 +26,8 @@ WORKLOAD = ["rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_
             "data.task=copy", "trainer.micro_batch_size=8"]
 
 
-def run_policy(policy: str, steps: int, extra: list[str], workdir: Path) -> dict:
-    run = workdir / policy
+def run_policy(policy: str, steps: int, extra: list[str], workdir: Path, index: int = 0) -> dict:
+    run = workdir / f"{index:02d}-{policy}"
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
                RAY_AUTH_MODE="disabled")
     t0 = time.perf_counter()
@@ -61,8 +61,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bidirl-bench-") as tmp:
         for i, pol in enumerate(policies, 1):
             print(f"[{i}/{len(policies)}] {pol} ...", file=sys.stderr, flush=True)
-            results.append(run_policy(pol, args.steps, args.extra, Path(tmp)))
-    base = next((r["tokens_per_s"] for r in results if r["policy"] == "async" and "error" not in r), None)
+            results.append(run_policy(pol, args.steps, args.extra, Path(tmp), i))
+    asyncs = [r["tokens_per_s"] for r in results if r["policy"] == "async" and "error" not in r]
+    base = statistics.mean(asyncs) if asyncs else None  # repeated policies: ratio to the mean async
     print(f"{'policy':<22}{'tok/s':>9}{'vs async':>9}{'loop s':>8}{'idle roll':>10}{'idle train':>11}"
           f"{'borrows r/t':>12}{'audit':>7}")
     for r in results:

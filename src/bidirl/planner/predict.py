@@ -40,7 +40,9 @@ predicted wall time drops (the runtime admits a borrow only when it pays):
 * Trainer-on-RollPool: a replica that has run dry at step start (share
   ``1 - E[max of B/N lengths] d / T``) hosts an auxiliary trainer; micro-batches split by
   rate (``r_p = dp / t_micro``, ``r_a`` of the auxiliaries), each paying ``C_in + C_grad``:
-  ``theta -> o + (M + r_a C) / (r_p + r_a)``.
+  ``theta -> o + (M + r_a C) / (r_p + r_a)``.  If the pipeline is train-bound even so,
+  every step starts at the weight sync that admits a new batch, no replica is idle when
+  the policy lends, and only the first and the last ``s`` steps get auxiliaries.
 
 A run of ``N`` steps pays the pipeline fill and ends with a shorter drain, both in the
 simulator's throughput::
