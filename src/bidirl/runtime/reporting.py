@@ -7,6 +7,7 @@ Metric names follow veRL's dashboards (``timing_s/step``, ``perf/throughput``,
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 
@@ -77,8 +78,10 @@ class StepReporter:
             if ds:
                 m[f"admission/{direction}/admitted"] = sum(d.admit for d in ds)
                 m[f"admission/{direction}/rejected"] = sum(not d.admit for d in ds)
-                m[f"admission/{direction}/benefit_s"] = statistics.mean(d.benefit_s for d in ds)
-                m[f"admission/{direction}/cost_s"] = statistics.mean(d.cost_s for d in ds)
+                for key in ("benefit_s", "cost_s"):  # inf: "cannot pay" — not a number to average
+                    vals = [getattr(d, key) for d in ds if math.isfinite(getattr(d, key))]
+                    if vals:
+                        m[f"admission/{direction}/{key}"] = statistics.mean(vals)
         if rt.reclaim_waits:
             m["switch/reclaim_wait_max_s"] = max(w["wait_s"] for w in rt.reclaim_waits)
         from bidirl.obs.accounting import borrowed_seconds
