@@ -152,3 +152,29 @@ def test_nothing_is_lent_to_rollout_when_the_primaries_hold_every_admissible_bat
             assert predict(ctx, env, ("none", "roll_on_train")).borrowed == "none"
         else:
             assert 0 < lent <= min(env.borrowable_replicas, -(-queued // m.group_slots))
+
+
+def test_fill_waits_for_lent_units_only_when_batch_zero_spills_onto_them(make_scenario):
+    """At the start the trainer idles and lends its units to run the queued groups; they
+    serve only after ``C_in``.  Batch 0 is admitted first, so it waits for them only when
+    it does not fit in the primaries' group slots."""
+    import dataclasses
+
+    from bidirl.planner import predict as pm
+
+    sc = make_scenario(devices=32, model="Qwen3-4B", staleness=1, max_len=16384)
+    ctx = PlanContext.from_scenario(sc, steps=8)
+    seen = set()
+    for key in ((8, 8, 3, 8), (16, 8, 2, 8)):
+        env = evaluate(ctx, Envelope(key[0], 32 - key[0], key[1], key[2], key[3])).envelope
+        m = pm._model(ctx, env)
+        assert pm._feedable(m, env, ctx.staleness) > 0
+        st = pm._solve(m, env, ctx.staleness, "roll_on_train")
+        slower = dataclasses.replace(m, c_roll_in=m.c_roll_in + 10.0)
+        walls = [pm._wall(x, env, st, "roll_on_train", 8, ctx.staleness) for x in (m, slower)]
+        spills = ctx.prompts_per_step > env.rollout_replicas * m.group_slots
+        assert walls[1] - walls[0] == pytest.approx(10.0 if spills else 0.0)
+        assert pm._wall(m, env, st, "none", 8, ctx.staleness) == pm._wall(
+            slower, env, st, "none", 8, ctx.staleness)
+        seen.add(spills)
+    assert seen == {True, False}

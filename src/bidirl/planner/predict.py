@@ -48,6 +48,8 @@ A run of ``N`` steps pays the pipeline fill and ends with a shorter drain, both 
 simulator's throughput::
 
     wall = Q_0 + tail_0 + theta + (N - 1) T - (tail - tail_last)
+
+with ``C_in`` added to the fill when units lent at the start must take part of batch 0.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ class _Model:
     overhead_s: float  # o
     weight_sync_s: float
     c_roll: float  # roll_on_train C_in + C_out
+    c_roll_in: float  # roll_on_train C_in
     c_train: float  # train_on_roll C_in + C_grad
 
 
@@ -113,13 +116,14 @@ def _spans_nodes(start: int, size: int, per_node: int) -> bool:
     return size > 0 and start // per_node != (start + size - 1) // per_node
 
 
-def _switch_costs(ctx: PlanContext, env: Envelope) -> tuple[float, float]:
+def _switch_costs(ctx: PlanContext, env: Envelope) -> tuple[float, float, float]:
+    """``C_in + C_out`` of a lent trainer unit, its ``C_in``, ``C_in + C_grad`` of an auxiliary."""
     pri = switch_priors(ctx.hw, ctx.model, env.rollout_tp, max(1, env.aux_group))
-    c_roll = (ctx.cost("roll_on_train_c_in_s", pri["roll_on_train.c_in"])
-              + ctx.cost("roll_on_train_c_out_s", pri["roll_on_train.c_out"]))
+    c_roll_in = ctx.cost("roll_on_train_c_in_s", pri["roll_on_train.c_in"])
+    c_roll = c_roll_in + ctx.cost("roll_on_train_c_out_s", pri["roll_on_train.c_out"])
     c_train = (ctx.cost("train_on_roll_c_in_s", pri["train_on_roll.c_in"])
                + ctx.cost("train_on_roll_c_grad_s", pri["train_on_roll.c_grad"]))
-    return c_roll, c_train
+    return c_roll, c_roll_in, c_train
 
 
 def _model(ctx: PlanContext, env: Envelope) -> _Model:
@@ -139,7 +143,7 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
     spans = _spans_nodes(env.rollout_devices, env.train_devices, hw.devices_per_node)
     w = ctx.cost("weight_sync_s", weight_sync_s(hw, ctx.model, ctx.devices > hw.devices_per_node))
     per_replica = max(1, round(ctx.responses_per_step / env.rollout_replicas))
-    c_roll, c_train = _switch_costs(ctx, env)
+    c_roll, c_roll_in, c_train = _switch_costs(ctx, env)
     group_slots = max(1, env.rollout_concurrency // ctx.group_size)
     return _Model(
         a=a, beta=cc + k * L.running_context,
@@ -156,7 +160,7 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
         micro_count=full + (t_rest / t_full if t_full > 0 else 0.0), micro_s=t_full,
         aux_micro_s=t_aux, max_rank_s=max_rank,
         overhead_s=tm.sync_s(env.train_dp, spans) + tm.optimizer_s(), weight_sync_s=w,
-        c_roll=c_roll, c_train=c_train)
+        c_roll=c_roll, c_roll_in=c_roll_in, c_train=c_train)
 
 
 def _running(m: _Model, period: float, replicas: float) -> float:
@@ -274,6 +278,8 @@ def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int
     b0 = min(float(m.cap), m.first_running * env.rollout_replicas / n)
     q0 = _queue(m, _fluid(m, n), 0.0, n)
     first = q0 + _tail(m, q0, m.a + m.beta * b0)
+    if n > env.rollout_replicas and m.responses / m.group_size > env.rollout_replicas * m.group_slots:
+        first += m.c_roll_in  # batch 0 spills onto lent units, which serve only after C_in
     steady_tail = _tail(m, st.queue, st.step)
     last_tail = _tail(m, st.queue, m.a + m.beta * st.running / 2)
     ending = max(0.0, steady_tail - last_tail) if steps > 1 else 0.0
