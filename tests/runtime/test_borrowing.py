@@ -64,7 +64,6 @@ def test_trainer_on_rollpool_is_bitwise_identical(tiny_model_dir, ray_local):
     wa = ray_local.get(alone.call.remote("train", "weights"))
     wb = ray_local.get(primary.call.remote("train", "weights"))
     assert wa.keys() == wb.keys()
-    changed = False
     for k in wa:
         assert np.array_equal(wa[k], wb[k]), f"{k} differs"
     w0 = ray_local.get(aux.call.remote("aux_train", "weights"))

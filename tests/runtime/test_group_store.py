@@ -2,10 +2,8 @@
 
 import pytest
 
-pytest.importorskip("vllm")  # rollout_role imports nothing heavy at module level, but keep tiers clear
-
-from bidirl.runtime.group_store import GroupStore  # noqa: E402
-from bidirl.runtime.rollout_role import ResponseResult  # noqa: E402
+from bidirl.runtime.group_store import GroupStore
+from bidirl.runtime.rollout_role import ResponseResult
 
 
 def _result(req, tokens, finished, version):

@@ -129,6 +129,22 @@ def already_done(request: GenerationRequest, stop_ids: Sequence[int]) -> Generat
     return None
 
 
+async def gather_streams(engine, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+    """Run every request through ``engine.stream`` concurrently; the final snapshot of each.
+
+    The one ``generate`` of every streaming engine: generation is streaming plus waiting.
+    """
+    import asyncio
+
+    async def last_of(request: GenerationRequest) -> GenerationResult:
+        last = None
+        async for last in engine.stream(request):  # noqa: B007
+            pass
+        return last
+
+    return list(await asyncio.gather(*(last_of(r) for r in requests)))
+
+
 def resume_seed(request: GenerationRequest, engine_seed: int) -> int:
     """Sampling seed for a (possibly resumed) request.
 

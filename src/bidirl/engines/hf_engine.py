@@ -28,6 +28,7 @@ from bidirl.engines.base import (
     GenerationRequest,
     GenerationResult,
     already_done,
+    gather_streams,
     resume_seed,
     start_result,
 )
@@ -166,13 +167,7 @@ class AsyncHFEngine:
             self._aborted.discard(request.request_id)
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        async def run(request):
-            last = None
-            async for last in self.stream(request):  # noqa: B007
-                pass
-            return last
-
-        return list(await asyncio.gather(*(run(r) for r in requests)))
+        return await gather_streams(self, requests)
 
     async def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
         out = []

@@ -44,6 +44,7 @@ from bidirl.engines.base import (
     GenerationResult,
     already_done,
     continuation,
+    gather_streams,
     resume_seed,
     start_result,
 )
@@ -315,13 +316,7 @@ class AsyncVLLMEngine:
                 yield _snapshot(live.state), reason
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        async def run(request):
-            last = None
-            async for last in self.stream(request):  # noqa: B007
-                pass
-            return last
-
-        return list(await asyncio.gather(*(run(r) for r in requests)))
+        return await gather_streams(self, requests)
 
     async def abort(self, request_ids: Sequence[str]) -> list[GenerationResult]:
         partials, internal = [], []

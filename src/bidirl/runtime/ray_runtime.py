@@ -91,6 +91,7 @@ class RayRuntime:
         pools.update({d: "train" for d in train_devices})
         self.clock = DeviceClock(pools, {d: "rollout" if p == "rollout" else "train"
                                          for d, p in pools.items()})
+        self._device_unit = {unit_device(u): u for u in range(self.spec.n_units)}
         self.hosted: dict[int, str] = {u: "rollout" for u in range(self.spec.n_replicas)}
         self.running: dict[int, int] = {}
         self.run_ref: dict[int, Any] = {}
@@ -511,7 +512,4 @@ class RayRuntime:
                 self.clock.set(dev, Activity.IDLE, role, cause, t)
 
     def _unit_of(self, dev: int) -> int | None:
-        for u in range(self.spec.n_units):
-            if self.unit_device(u) == dev:
-                return u
-        return None
+        return self._device_unit.get(dev)

@@ -11,7 +11,7 @@ import math
 import statistics
 import time
 
-from bidirl.obs.accounting import idle_ratios
+from bidirl.obs.accounting import PoolTime, borrowed_seconds, pool_times
 from bidirl.obs.metrics import MetricsLogger
 from bidirl.obs.progress import ProgressLine
 
@@ -25,6 +25,9 @@ class StepReporter:
         self.ledger = session.ledger_path.open("a")
         self._last_t = 0.0
         self._seen_admissions = 0
+        self._seen_intervals = 0
+        self._pool: dict[str, PoolTime] = {}
+        self._borrowed: dict[str, float] = {}
 
     def on_step(self, rec) -> None:
         """Called by the runtime when the primary trainer has applied step ``rec.step``."""
@@ -39,8 +42,7 @@ class StepReporter:
         now = rt.now()
         step_s = now - self._last_t
         self._last_t = now
-        intervals = rt.clock.intervals
-        ratios = idle_ratios(intervals) if intervals else {}
+        ratios = self._absorb_intervals(rt.clock.intervals)
         est = rt.controller.state.est
         sw = {}
         for kind, secs in rt.switches:
@@ -84,9 +86,7 @@ class StepReporter:
                         m[f"admission/{direction}/{key}"] = statistics.mean(vals)
         if rt.reclaim_waits:
             m["switch/reclaim_wait_max_s"] = max(w["wait_s"] for w in rt.reclaim_waits)
-        from bidirl.obs.accounting import borrowed_seconds
-
-        for k, v in borrowed_seconds(intervals).items():
+        for k, v in self._borrowed.items():
             m[f"borrow/{k}_s"] = v
         self.metrics.log(rec.step, m)
         self.progress.update(rec.step + 1, reward=reward, tokens_per_s=m["perf/throughput"],
@@ -95,6 +95,21 @@ class StepReporter:
         every = cfg.run.checkpoint_every
         if every and ((rec.step + 1) % every == 0) and rec.step + 1 < cfg.run.steps:
             s.checkpoint(rec.step + 1, rt, self.workers, self.unit_device)
+
+    def _absorb_intervals(self, intervals: list) -> dict[str, float]:
+        """Add the intervals closed since the last step to running totals; idle ratios so far.
+
+        Incremental, so a long run does not rescan its whole history every step.
+        """
+        new = intervals[self._seen_intervals:]
+        self._seen_intervals = len(intervals)
+        for pool, t in pool_times(new).items():
+            old = self._pool.get(pool, PoolTime())
+            self._pool[pool] = PoolTime(old.busy_s + t.busy_s, old.idle_s + t.idle_s,
+                                        old.switching_s + t.switching_s)
+        for k, v in borrowed_seconds(new).items():
+            self._borrowed[k] = self._borrowed.get(k, 0.0) + v
+        return {pool: t.idle_ratio for pool, t in self._pool.items()}
 
     def close(self) -> None:
         self.progress.close()
