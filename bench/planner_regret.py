@@ -43,6 +43,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RANDOM_HARDWARE = ("A6000-48GB", "H100-80GB", "H200-141GB", "A100-80GB")
 RANDOM_MODELS = ("Qwen3-4B", "Qwen3-8B", "Qwen2.5-7B", "Qwen3-14B", "Qwen3-32B")
 RANDOM_DEVICES = (6, 10, 12, 14, 20, 24, 28, 36, 40, 48)
+SEED_STRIDE = 7919  # seeds of one scenario's repetitions: sc.seed, sc.seed + 7919, ...
 SIM_PACKAGES = ("policy", "sim", "controller", "perf", "core")  # what a simulated run executes
 
 
@@ -98,13 +99,22 @@ class SimCache:
         self.sims = 0
         self.sim_s = 0.0
 
-    def run(self, sc: Scenario, env: Envelope, policy: str, steps: int) -> dict:
-        key = f"{self.version}|{sc.name}|{sc.seed}|{env.key()}|{policy}|{steps}"
+    def run(self, sc: Scenario, env: Envelope, policy: str, steps: int, seeds: int = 1) -> dict:
+        """Simulated figures of one envelope, averaged over ``seeds`` response-length seeds."""
+        runs = [self._run_one(sc, env, policy, steps, sc.seed + SEED_STRIDE * j) for j in range(seeds)]
+        if seeds == 1:
+            return runs[0]
+        return {"tokens_per_s": statistics.fmean(r["tokens_per_s"] for r in runs),
+                "step_s": statistics.fmean(r["step_s"] for r in runs),
+                "tokens_per_s_seeds": [r["tokens_per_s"] for r in runs]}
+
+    def _run_one(self, sc: Scenario, env: Envelope, policy: str, steps: int, seed: int) -> dict:
+        key = f"{self.version}|{sc.name}|{seed}|{env.key()}|{policy}|{steps}"
         if key not in self.data:
             from bidirl.sim.run import simulate
 
             t0 = time.perf_counter()
-            res = simulate(scenario_with_envelope(sc, env), policy, steps=steps, seed=sc.seed,
+            res = simulate(scenario_with_envelope(sc, env), policy, steps=steps, seed=seed,
                            record_intervals=False)
             self.sim_s += time.perf_counter() - t0
             self.sims += 1
@@ -130,14 +140,26 @@ def oracle_set(result, max_envelopes: int | None) -> list:
     return list(dict.fromkeys(chosen.values()))
 
 
+def seed_oracle_regret(sims: dict) -> float | None:
+    """The noise floor: regret of the envelope best on the first seed alone, scored on the
+    other seeds' mean (what a perfect predictor of one sampled run would lose)."""
+    seeds = {k: r.get("tokens_per_s_seeds") for k, (_, r) in sims.items()}
+    if any(v is None or len(v) < 2 for v in seeds.values()):
+        return None
+    held = {k: statistics.fmean(v[1:]) for k, v in seeds.items()}
+    first = max(seeds, key=lambda k: seeds[k][0])
+    best = max(held.values())
+    return (best - held[first]) / best
+
+
 def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: int | None,
-                      gains: bool, log, kind: str = "grid") -> dict:
+                      gains: bool, log, kind: str = "grid", seeds: int = 1) -> dict:
     result = plan(sc, top_k=5, steps=steps)
     pick = result.envelope
     oracle = oracle_set(result, max_envelopes)
     sims = {}
     for i, c in enumerate(oracle):
-        sims[c.envelope.key()] = (c, cache.run(sc, c.envelope, "bidirl", steps))
+        sims[c.envelope.key()] = (c, cache.run(sc, c.envelope, "bidirl", steps, seeds))
         log(f"  {sc.name}: {i + 1}/{len(oracle)} envelopes simulated")
     best_key = max(sims, key=lambda k: sims[k][1]["tokens_per_s"])
     best = sims[best_key][1]["tokens_per_s"]
@@ -157,13 +179,14 @@ def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: 
         "prediction_error": abs(pred - got) / got, "envelopes_simulated": len(sims),
         "compatible": result.compatible, "median_prediction_error_all": statistics.median(errors),
         "regime": result.prediction.regime, "borrowed": result.prediction.borrowed,
+        "seed_oracle_regret": seed_oracle_regret(sims),
     }
     if gains:
         half = envelope_of(sc.replace(pools=half_split(sc.devices)))
         row["gains"] = {
-            "async_half": cache.run(sc, half, "async", steps)["tokens_per_s"],
-            "bidirl_half": cache.run(sc, half, "bidirl", steps)["tokens_per_s"],
-            "async_best": max(cache.run(sc, c.envelope, "async", steps)["tokens_per_s"]
+            "async_half": cache.run(sc, half, "async", steps, seeds)["tokens_per_s"],
+            "bidirl_half": cache.run(sc, half, "bidirl", steps, seeds)["tokens_per_s"],
+            "async_best": max(cache.run(sc, c.envelope, "async", steps, seeds)["tokens_per_s"]
                               for c in oracle),
             "bidirl_planner": got,
         }
@@ -172,7 +195,7 @@ def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: 
 
 def summarize(rows: list[dict]) -> dict:
     def stats(key: str, subset: list[dict]) -> dict:
-        vals = [r[key] for r in subset]
+        vals = [r[key] for r in subset if r.get(key) is not None]
         return {"median": statistics.median(vals), "max": max(vals), "n": len(vals)} if vals else {}
 
     out = {}
@@ -181,7 +204,8 @@ def summarize(rows: list[dict]) -> dict:
         out[name] = {"regret": stats("regret", subset),
                      "prediction_error": stats("prediction_error", subset),
                      "prediction_error_all_envelopes": stats("median_prediction_error_all",
-                                                             subset)}
+                                                             subset),
+                     "seed_oracle_regret": stats("seed_oracle_regret", subset)}
     return out
 
 
@@ -211,6 +235,9 @@ def print_table(rows: list[dict], summary: dict) -> None:
                   f" | pick prediction error median {s['prediction_error']['median']:.2%} max "
                   f"{s['prediction_error']['max']:.2%} | all envelopes median "
                   f"{s['prediction_error_all_envelopes']['median']:.2%} (n={s['regret']['n']})")
+            if s["seed_oracle_regret"]:
+                print(f"{'':7} noise floor (best on one seed, scored on the others): median "
+                      f"{s['seed_oracle_regret']['median']:.2%} max {s['seed_oracle_regret']['max']:.2%}")
 
 
 def speed(devices: int = 256, repeats: int = 3) -> dict:
@@ -240,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-envelopes", type=int, default=None,
                     help="simulate only the K best predicted + the best of every split")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="simulate every envelope with K length seeds and score their mean")
     ap.add_argument("--no-gains", action="store_true", help="skip the async comparisons")
     ap.add_argument("--speed", action="store_true", help="only time the planner")
     ap.add_argument("--fresh", action="store_true", help="ignore cached simulations")
@@ -263,14 +292,15 @@ def main(argv: list[str] | None = None) -> int:
               + " " * 10, end="", file=sys.stderr, flush=True)
 
     for sc, gains, kind in scenarios:
-        rows.append(evaluate_scenario(sc, cache, args.steps, args.max_envelopes, gains, log, kind))
+        rows.append(evaluate_scenario(sc, cache, args.steps, args.max_envelopes, gains, log, kind,
+                                       args.seeds))
         cache.save()
     print(file=sys.stderr)
     summary = summarize(rows)
     print_table(rows, summary)
     report = {"command": " ".join(["bench/planner_regret.py", *(argv or sys.argv[1:])]),
               "sim_code_version": cache.version,
-              "steps": args.steps, "max_envelopes": args.max_envelopes,
+              "steps": args.steps, "seeds": args.seeds, "max_envelopes": args.max_envelopes,
               "wall_s": time.perf_counter() - t0, "simulations": cache.sims,
               "simulation_s": cache.sim_s, "summary": summary, "speed": speed(),
               "rows": rows}

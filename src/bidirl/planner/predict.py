@@ -61,14 +61,18 @@ from bidirl.perf.stage_models import weight_sync_s
 from bidirl.perf.switch_costs import switch_priors
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope
+from bidirl.planner.pipeline import Pipeline, Timeline
 
 OPTIONS = ("none", "roll_on_train", "train_on_roll", "both")
+HORIZON_STEPS = 32  # the recurrence follows at most this many steps, then extrapolates
 _WITHOUT_AUX = {"train_on_roll": "none", "both": "roll_on_train"}
 
 
 @dataclass(frozen=True)
 class Prediction:
-    tokens_per_s: float  # over the context's ``steps`` (pipeline fill included)
+    tokens_per_s: float  # over the context's ``steps``: geometric mean of the two below
+    steady_tokens_per_s: float  # the steady-state closed form (fill and drain added)
+    pipeline_tokens_per_s: float | None  # the step-by-step recurrence; None: screened out
     step_time_s: float  # steady-state period with the chosen borrowing
     wall_s: float
     regime: str  # which bound sets the period: rollout, train or staleness
@@ -78,10 +82,17 @@ class Prediction:
     running_per_replica: float  # b at the steady state
     weight_sync_s: float
     no_borrow_step_s: float
-    borrowed: str  # one of OPTIONS
+    borrowed: str  # one of OPTIONS (the steady-state model's choice)
+    lent_windows: int = 0  # recurrence: idle windows that lent trainer units to rollout
+    aux_steps: int = 0  # recurrence: steps that used auxiliary trainers
 
     def to_json(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+    @property
+    def screened_out(self) -> bool:
+        """Ranked by the closed form alone: too far below the best to need the recurrence."""
+        return self.pipeline_tokens_per_s is None
 
 
 @dataclass(frozen=True)
@@ -305,11 +316,14 @@ def _solve(m: _Model, env: Envelope, s: int, option: str) -> _Steady:
     return _evaluate(m, env, s, option, hi)
 
 
-def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS) -> Prediction:
+def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
+            pipeline: bool = True) -> Prediction:
     """Predicted throughput of a hot-switch-compatible (sized) envelope.
 
     Each borrowing option in ``options`` is solved; the best predicted throughput wins
-    (``none`` on ties), as the runtime lends only when it pays.
+    (``none`` on ties), as the runtime lends only when it pays.  The prediction is the
+    geometric mean of the steady-state closed form and the step-by-step recurrence
+    (``pipeline``); ``pipeline=False`` gives the closed form alone (the planner's screen).
     """
     m = _model(ctx, env)
     s = ctx.staleness
@@ -336,8 +350,46 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS)
     gate = (st.latency + m.weight_sync_s + st.theta) / (s + 1)
     regime = ("staleness" if gate >= max(st.fluid, st.theta) * (1 - 1e-9)
               else "rollout" if st.fluid >= st.theta else "train")
+    tokens = ctx.steps * ctx.tokens_per_step
+    steady = tokens / wall
+    pipe, combined, lent_windows, aux_steps = None, steady, 0, 0
+    if pipeline:
+        timeline, pipe_wall = pipeline_timeline(
+            ctx, env, m, lend_roll=bool({"roll_on_train", "both"} & set(options)),
+            lend_aux=bool({"train_on_roll", "both"} & set(options)))
+        pipe = tokens / pipe_wall
+        combined = math.sqrt(steady * pipe)
+        lent_windows, aux_steps = timeline.lent_windows, timeline.aux_steps
     return Prediction(
-        tokens_per_s=ctx.steps * ctx.tokens_per_step / wall, step_time_s=st.period,
-        wall_s=wall, regime=regime, rollout_s=base.fluid, latency_s=st.latency,
-        train_s=st.theta, running_per_replica=st.running, weight_sync_s=m.weight_sync_s,
-        no_borrow_step_s=base.period, borrowed=option)
+        tokens_per_s=combined, steady_tokens_per_s=steady, pipeline_tokens_per_s=pipe,
+        step_time_s=st.period, wall_s=tokens / combined, regime=regime, rollout_s=base.fluid,
+        latency_s=st.latency, train_s=st.theta, running_per_replica=st.running,
+        weight_sync_s=m.weight_sync_s, no_borrow_step_s=base.period, borrowed=option,
+        lent_windows=lent_windows, aux_steps=aux_steps)
+
+
+def pipeline_timeline(ctx: PlanContext, env: Envelope, m: _Model | None = None,
+                      lend_roll: bool = True, lend_aux: bool = True) -> tuple[Timeline, float]:
+    """The recurrence's timeline and its wall time over ``ctx.steps``.
+
+    Rollouter-on-TrainPool is judged window by window inside the recurrence (the policy's
+    own rule); a run that never lends is also followed, and the shorter wins, because a
+    lend that pays for its own window can still cost the windows after it.  Horizons
+    past ``HORIZON_STEPS`` add the recurrence's mean mid-run period per extra step.
+    """
+    m = m or _model(ctx, env)
+    pipe = Pipeline(m, env, ctx.staleness, ctx.expected_max(ctx.group_size),
+                    lambda idle: _aux_theta(m, env, idle),
+                    ctx.rollout_model(env.rollout_tp).prefill_s, ctx.lengths.prompt_tokens,
+                    ctx.lengths.mean)
+    horizon = min(ctx.steps, HORIZON_STEPS)
+    extra = ctx.steps - horizon
+    best = None
+    for lend in ((True, False) if lend_roll else (False,)):
+        t = pipe.run(horizon, lend, lend_aux)
+        wall = t.wall_s + extra * t.steady_period_s
+        if best is None or wall < best[1] * (1 - 1e-9):
+            best = (t, wall)
+        if not t.lent_windows:  # nothing was lent: the run without lending is this one
+            break
+    return best

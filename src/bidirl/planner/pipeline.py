@@ -1,0 +1,303 @@
+"""The pipeline recurrence: batch-by-batch expected timeline of an envelope.
+
+The steady-state closed forms of ``predict`` assume a period that repeats; a short run
+with a staleness bound of 2-4 never gets there (``s + 1`` batches are admitted together
+at the start, finish together, and the steps alternate long and short).  This module
+follows the pipeline step by step instead, with expected values only: no response is
+sampled and no event queue is kept, so it is a recurrence over the ``N`` optimizer steps,
+each a handful of vector operations over the group slots.
+
+State: ``free``, the time each primary group slot is next free (sorted); ``pending``, the
+admitted groups that have not started (FIFO, group-id order, as the controller admits).
+For step ``k``::
+
+    t0        = sync_end(k-1)                    batch k+s becomes admissible
+    starts    = FIFO assignment of the pending groups to the earliest free slots
+                (a group holds its slot tau = E[max of n lengths] d + prefill)
+    ready(k)  = last start of batch k + tail(its start window)          (predict._tail)
+    lend      Rollouter-on-TrainPool: if the trainer waits (ready(k) > t0) and groups
+              queue at t0, ceil(queued / g) trainer units join as replicas at t0 + C_in
+              and stay until ready(k) (the trainer reclaims them: + C_out if busy)
+    start(k)  = max(ready(k), t0) [+ C_out]
+    aux       Trainer-on-RollPool: primary replicas with no group left at start(k) and
+              nothing queued train a share of the micro-batches (predict._aux_theta)
+    sync_end(k) = start(k) + theta_k + W
+    commit    the groups that start before sync_end(k); the rest stay pending
+
+Which replica a group lands on is not tracked: the controller fills the least-loaded
+replica, so groups spread evenly and a replica is empty only when its last slot is free
+(``idle = #(free <= t) - (g - 1) N``).  Decode speed depends on the running load: a batch
+runs at ``d(b)`` with ``b = cap x`` the slot occupancy when it is admitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Timeline:
+    wall_s: float  # end of the last optimizer step
+    step_ends_s: tuple[float, ...]  # end of each simulated step (horizon only)
+    steady_period_s: float  # mean period between the fill and the drain
+    lent_windows: int  # steps whose idle window lent trainer units
+    aux_steps: int  # steps that used auxiliary trainers
+
+
+@dataclass
+class _Batch:
+    index: int
+    admit: float
+    left: int  # groups not started yet
+    tau: float  # how long one of its groups holds a slot
+    step: float  # decode step time while it runs
+    first: float = math.inf  # first group start (committed)
+    last: float = -math.inf  # last group start (committed)
+    resume: bool = False  # partial prefixes handed back by reclaimed borrowed replicas
+    stall: float = 0.0  # replica-seconds of prefill the handed-back prefixes cost
+
+
+class Pipeline:
+    """One envelope's recurrence.  ``m`` is ``predict._Model``; ``group_longest`` is
+    ``E[max of n lengths]`` in tokens."""
+
+    def __init__(self, m, env, s: int, group_longest: float, theta_fn, prefill_fn=None,
+                 prompt_tokens: float = 0.0, mean_length: float = 0.0) -> None:
+        self.m, self.env, self.s = m, env, s
+        self.n = env.rollout_replicas
+        self.g = m.group_slots
+        self.slots = self.n * self.g
+        self.groups = max(1, round(m.responses / m.group_size))
+        self.group_longest = group_longest
+        self.theta_fn = theta_fn  # idle share -> theta with auxiliaries
+        self.prefill_fn = prefill_fn  # prompt tokens -> prefill seconds on one replica
+        self.prompt_tokens, self.mean_length = prompt_tokens, mean_length
+
+    # -- rollout ------------------------------------------------------------------------
+    def _batch_speed(self, busy: float) -> tuple[float, float]:
+        """Decode step and slot hold time of a batch admitted with ``busy`` slots taken."""
+        m = self.m
+        occ = min(1.0, (busy + self.groups) / self.slots)
+        step = m.a + m.beta * m.cap * occ
+        return step, self.group_longest * step + m.prefill_group_s
+
+    @staticmethod
+    def _assign(free: np.ndarray, admit: float, count: int, tau: float,
+                expiry: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """FIFO: ``count`` groups admitted at ``admit`` take the earliest free slots.
+
+        Returns the starts (nondecreasing), the new sorted free times, their expiry and
+        which groups run on borrowed slots (``None`` without borrowed slots).
+        Slot ``j`` (sorted) takes groups ``j, j + S, j + 2S, ...``: with one hold time per
+        batch the slot freed first is always the next to be free again.
+        """
+        if expiry is not None:
+            alive = free < expiry
+            free, expiry = free[alive], expiry[alive]
+        size = len(free)
+        if size == 0 or count == 0:
+            return np.empty(0), free, expiry, np.zeros(0, dtype=bool)
+        first = np.maximum(admit, free[:min(count, size)])
+        rounds = -(-count // size)
+        if rounds == 1:
+            starts = first
+        else:
+            starts = (first[None, :] + tau * np.arange(rounds)[:, None]).ravel()[:count]
+        used = min(count, size)
+        # slots used j = 0..used-1: the last round for slot j is the highest r with r*size+j < count
+        last_idx = np.arange(used) + size * ((count - 1 - np.arange(used)) // size)
+        ends = starts[last_idx] + tau
+        new_free = np.concatenate((ends, free[used:]))
+        if expiry is None:
+            return starts, np.sort(new_free), None, None
+        order = np.argsort(new_free, kind="stable")
+        on_lent = np.isfinite(np.tile(expiry[:used], rounds)[:count])
+        return starts, new_free[order], expiry[order], on_lent
+
+    def _plan(self, free: np.ndarray, pending: list[_Batch], lent: tuple[float, int, float] | None,
+              ) -> tuple[dict[tuple[int, bool], np.ndarray], np.ndarray, np.ndarray | None]:
+        """Assign every pending group; ``lent = (from, slots, until)`` adds borrowed slots."""
+        exp = None
+        if lent is not None:
+            at, count, until = lent
+            free = np.concatenate((free, np.full(count, at)))
+            exp = np.concatenate((np.full(len(free) - count, np.inf), np.full(count, until)))
+            order = np.argsort(free, kind="stable")
+            free, exp = free[order], exp[order]
+        out = {}
+        for b in pending:
+            starts, free, exp, _ = self._assign(free, b.admit, b.left, b.tau, exp)
+            out[(b.index, b.resume)] = starts
+        return out, free, exp
+
+    def _ready(self, batch: _Batch, starts: np.ndarray, free: np.ndarray) -> float:
+        """The batch's last response ends: its last group start plus the long tail of the
+        responses started over its start window (``predict._tail``).
+
+        The tail runs at the decode step the batch was admitted with.  (Letting it speed
+        up as the slots empty, which ``d(b) = a + beta b`` says it should, over-predicted
+        by 8-12 %: the responses left in a tail are the long ones, whose KV reads are
+        far above the mean context ``beta`` is priced at.)
+        """
+        first = min(batch.first, float(starts[0])) if len(starts) else batch.first
+        last = float(starts[-1]) if len(starts) else batch.last
+        window = max(0.0, last - first)
+        m = self.m
+        step = batch.step
+        longest = m.staggered(window / step)  # tokens the batch's last response still has
+        ready = last + step * longest + m.prefill_group_s
+        return ready
+
+    def _ready_of(self, k: int, pending: list[_Batch], plan, done: dict[int, float],
+                  free: np.ndarray) -> float:
+        """When batch ``k`` is complete: its own groups and any resumed partial prefixes."""
+        ready = done.get(k, -math.inf)
+        for b in pending:
+            if b.index == k:
+                starts = plan[(b.index, b.resume)]
+                ready = max(ready, float(starts[-1]) + b.tau if b.resume else self._ready(b, starts, free))
+        return ready
+
+    def _chain(self, k: int, pending: list[_Batch], plan, done, free, c_out: float,
+               steps: int) -> float:
+        """When the trainer could start the last step whose batch is admitted now:
+        ``start(k) = ready(k) + C_out``, ``start(i+1) = max(start(i) + theta + W, ready(i+1))``."""
+        m = self.m
+        period = m.max_rank_s + m.overhead_s + m.weight_sync_s
+        j = self._ready_of(k, pending, plan, done, free) + c_out
+        for i in range(k + 1, min(k + self.s, steps - 1) + 1):
+            j = max(j + period, self._ready_of(i, pending, plan, done, free))
+        return j
+
+    # -- the recurrence -----------------------------------------------------------------
+    def run(self, steps: int, lend_roll: bool, lend_aux: bool) -> Timeline:
+        m, s = self.m, self.s
+        free = np.zeros(self.slots)
+        pending: list[_Batch] = []
+        done: dict[int, float] = {}  # ready time of fully started batches
+        ends: list[float] = []
+        sync_end = 0.0
+        lent_windows = aux_steps = 0
+        lendable = self.env.borrowable_replicas if lend_roll else 0
+        first_batches = min(s + 1, steps)
+        for k in range(first_batches):  # all run together: the load of every one of them
+            step, tau = self._batch_speed(self.groups * (first_batches - 1))
+            pending.append(_Batch(k, 0.0, self.groups, tau, step))
+        for k in range(steps):
+            t0 = sync_end
+            if k > 0 and k + s < steps:
+                busy = float(np.count_nonzero(free > t0)) + sum(b.left for b in pending)
+                step, tau = self._batch_speed(busy)
+                pending.append(_Batch(k + s, t0, self.groups, tau, step))
+            plan, planned, _ = self._plan(free, pending, None)
+            ready = self._ready_of(k, pending, plan, done, planned)
+            lent = None
+            c_out = 0.0
+            if lendable and ready > t0:
+                queued = sum(int(np.count_nonzero(v > t0 + m.c_roll_in)) for v in plan.values())
+                units = min(lendable, math.ceil(queued / self.g - 1e-9))
+                if units > 0:
+                    lent = (t0 + m.c_roll_in, units * self.g, math.inf)
+                    plan_l, planned_l, _ = self._plan(free, pending, lent)
+                    ready_l = self._ready_of(k, pending, plan_l, done, planned_l)
+                    lent = (t0 + m.c_roll_in, units * self.g, ready_l)
+                    plan_l, planned_l, _ = self._plan(free, pending, lent)
+                    c_out_l = m.c_roll - m.c_roll_in
+                    # the policy's admission rule: lend only if the last step the borrowed
+                    # replicas work for (up to the queue's head) starts earlier
+                    if (self._chain(k, pending, plan_l, done, planned_l, c_out_l, steps)
+                            < self._chain(k, pending, plan, done, planned, 0.0, steps)):
+                        plan, planned, c_out = plan_l, planned_l, c_out_l
+                        ready = self._ready_of(k, pending, plan, done, planned)
+                        lent_windows += 1
+                    else:
+                        lent = None
+            start = max(ready, t0) + c_out
+            theta = m.max_rank_s + m.overhead_s
+            # commit the groups that start before the next admission point (estimate it
+            # with theta; auxiliaries only shorten the step)
+            free_all = planned
+            if lend_aux and self.env.aux_trainer_ranks:
+                queued_at_start = any(np.count_nonzero(v > start) for v in plan.values())
+                if not queued_at_start:
+                    primaries = free_all if lent is None else free_all  # lent slots expire
+                    idle = int(np.count_nonzero(primaries <= start)) - (self.g - 1) * self.n
+                    idle = max(0, min(self.n, idle))
+                    if idle:
+                        theta_aux = self.theta_fn(idle / self.n)
+                        if theta_aux < theta:
+                            theta = theta_aux
+                            aux_steps += 1
+            end = start + theta
+            ends.append(end)
+            sync_end = end + m.weight_sync_s
+            free, pending = self._commit(free, pending, lent, sync_end, done, plan, planned)
+        wall = ends[-1]
+        lo, hi = min(s + 1, len(ends) - 1), max(0, len(ends) - 1 - s)
+        period = ((ends[hi] - ends[lo]) / (hi - lo)) if hi > lo else (
+            wall / len(ends))
+        return Timeline(wall, tuple(ends), period, lent_windows, aux_steps)
+
+    def _commit(self, free: np.ndarray, pending: list[_Batch], lent, until: float,
+                done: dict[int, float], plan, planned: np.ndarray,
+                ) -> tuple[np.ndarray, list[_Batch]]:
+        """Start, for good, the groups whose planned start is before ``until``.
+
+        Groups still running on borrowed slots when the trainer reclaims them go back as
+        partial prefixes: their remaining hold is queued first, at the reclaim time, and
+        their batch is ready only when the resumed part is done.
+        """
+        exp = None
+        if lent is not None:
+            at, count, expiry = lent
+            free = np.concatenate((free, np.full(count, at)))
+            exp = np.concatenate((np.full(len(free) - count, np.inf), np.full(count, expiry)))
+            order = np.argsort(free, kind="stable")
+            free, exp = free[order], exp[order]
+        keep, resumed = [], []
+        for b in pending:
+            starts = plan.get((b.index, False)) if not b.resume else None
+            take = int(np.searchsorted(starts, until, side="left")) if starts is not None else (
+                b.left if b.resume else 0)
+            if take:
+                st, free, exp, on_lent = self._assign(free, b.admit, take, b.tau, exp)
+                if b.resume:
+                    done[b.index] = max(done.get(b.index, 0.0), float(st[-1]) + b.tau)
+                    b.left = 0
+                    continue
+                b.first = min(b.first, float(st[0]))
+                b.last = float(st[-1])
+                b.left -= take
+                if on_lent is not None and lent is not None:
+                    cut_starts = st[on_lent]
+                    cut = cut_starts + b.tau - lent[2]
+                    keep_cut = cut > 0
+                    if keep_cut.any():
+                        resumed.append(self._handback(b, cut_starts[keep_cut], cut[keep_cut],
+                                                      lent[2]))
+            if b.left > 0:
+                keep.append(b)
+            else:
+                ready = self._ready(b, np.empty(0), planned)
+                done[b.index] = max(done.get(b.index, 0.0), ready)
+        if exp is not None:  # borrowed slots go home
+            free = free[np.isinf(exp)]
+        stall = sum(r.stall for r in resumed) / max(1, self.n)
+        if stall > 0:  # re-prefilling the handed-back prefixes stops every primary replica
+            free = np.where(free > lent[2], free + stall, free)
+        return free, resumed + keep
+
+    def _handback(self, b: _Batch, starts: np.ndarray, remaining: np.ndarray,
+                  at: float) -> _Batch:
+        """Groups a reclaimed borrowed replica was running: queued first at ``at``, each to
+        hold a primary slot for its remaining time plus the prefill of prompt + prefix."""
+        stall = 0.0
+        if self.prefill_fn is not None:
+            prefix = np.minimum((at - starts) / b.step, self.mean_length)
+            n = self.m.group_size
+            stall = float(sum(self.prefill_fn(n * (self.prompt_tokens + p)) for p in prefix))
+        return _Batch(b.index, at, len(remaining), float(remaining.mean()), b.step, resume=True,
+                      stall=stall)
