@@ -192,7 +192,7 @@ class Pipeline:
                 busy = float(np.count_nonzero(free > t0)) + sum(b.left for b in pending)
                 step, tau = self._batch_speed(busy)
                 pending.append(_Batch(k + s, t0, self.groups, tau, step))
-            plan, planned, _ = self._plan(free, pending, None)
+            plan, planned, expiry = self._plan(free, pending, None)
             ready = self._ready_of(k, pending, plan, done, planned)
             lent = None
             c_out = 0.0
@@ -200,37 +200,32 @@ class Pipeline:
                 queued = sum(int(np.count_nonzero(v > t0 + m.c_roll_in)) for v in plan.values())
                 units = min(lendable, math.ceil(queued / self.g - 1e-9))
                 if units > 0:
-                    lent = (t0 + m.c_roll_in, units * self.g, math.inf)
-                    plan_l, planned_l, _ = self._plan(free, pending, lent)
+                    trial = (t0 + m.c_roll_in, units * self.g, math.inf)
+                    plan_l, planned_l, _ = self._plan(free, pending, trial)
                     ready_l = self._ready_of(k, pending, plan_l, done, planned_l)
-                    lent = (t0 + m.c_roll_in, units * self.g, ready_l)
-                    plan_l, planned_l, _ = self._plan(free, pending, lent)
+                    trial = (t0 + m.c_roll_in, units * self.g, ready_l)  # reclaimed then
+                    plan_l, planned_l, expiry_l = self._plan(free, pending, trial)
                     c_out_l = m.c_roll - m.c_roll_in
                     # the policy's admission rule: lend only if the last step the borrowed
                     # replicas work for (up to the queue's head) starts earlier
                     if (self._chain(k, pending, plan_l, done, planned_l, c_out_l, steps)
                             < self._chain(k, pending, plan, done, planned, 0.0, steps)):
-                        plan, planned, c_out = plan_l, planned_l, c_out_l
+                        lent, plan, planned, expiry = trial, plan_l, planned_l, expiry_l
+                        c_out = c_out_l
                         ready = self._ready_of(k, pending, plan, done, planned)
                         lent_windows += 1
-                    else:
-                        lent = None
             start = max(ready, t0) + c_out
             theta = m.max_rank_s + m.overhead_s
-            # commit the groups that start before the next admission point (estimate it
-            # with theta; auxiliaries only shorten the step)
-            free_all = planned
-            if lend_aux and self.env.aux_trainer_ranks:
-                queued_at_start = any(np.count_nonzero(v > start) for v in plan.values())
-                if not queued_at_start:
-                    primaries = free_all if lent is None else free_all  # lent slots expire
-                    idle = int(np.count_nonzero(primaries <= start)) - (self.g - 1) * self.n
-                    idle = max(0, min(self.n, idle))
-                    if idle:
-                        theta_aux = self.theta_fn(idle / self.n)
-                        if theta_aux < theta:
-                            theta = theta_aux
-                            aux_steps += 1
+            if lend_aux and self.env.aux_trainer_ranks and not any(
+                    np.count_nonzero(v > start) for v in plan.values()):
+                # nothing admissible is waiting: primary replicas whose every slot is free
+                # host auxiliary trainers for this step
+                primaries = planned if expiry is None else planned[np.isinf(expiry)]
+                idle = int(np.count_nonzero(primaries <= start)) - (self.g - 1) * self.n
+                idle = max(0, min(self.n, idle))
+                if idle and self.theta_fn(idle / self.n) < theta:
+                    theta = self.theta_fn(idle / self.n)
+                    aux_steps += 1
             end = start + theta
             ends.append(end)
             sync_end = end + m.weight_sync_s
