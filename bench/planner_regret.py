@@ -193,6 +193,14 @@ def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: 
     return row
 
 
+GAIN_RATIOS = {  # name -> (numerator, denominator) of the "separate the two gains" table
+    "runtime borrowing (bidirl / async, half split)": ("bidirl_half", "async_half"),
+    "planner (bidirl on its split / on half split)": ("bidirl_planner", "bidirl_half"),
+    "bidirl on its split / async on its best split": ("bidirl_planner", "async_best"),
+    "bidirl on its split / async on half split": ("bidirl_planner", "async_half"),
+}
+
+
 def summarize(rows: list[dict]) -> dict:
     def stats(key: str, subset: list[dict]) -> dict:
         vals = [r[key] for r in subset if r.get(key) is not None]
@@ -201,6 +209,11 @@ def summarize(rows: list[dict]) -> dict:
     out = {}
     for name, subset in (("grid", [r for r in rows if r["set"] == "grid"]),
                          ("random", [r for r in rows if r["set"] == "random"]), ("all", rows)):
+        gains = [r["gains"] for r in subset if "gains" in r]
+        out[name + "_gains"] = {k: {"median": statistics.median(g[n] / g[d] for g in gains),
+                                    "min": min(g[n] / g[d] for g in gains),
+                                    "max": max(g[n] / g[d] for g in gains)}
+                                for k, (n, d) in GAIN_RATIOS.items()} if gains else {}
         out[name] = {"regret": stats("regret", subset),
                      "prediction_error": stats("prediction_error", subset),
                      "prediction_error_all_envelopes": stats("median_prediction_error_all",
@@ -229,8 +242,12 @@ def print_table(rows: list[dict], summary: dict) -> None:
                   f"{g['async_best']:11.0f} {g['bidirl_planner']:12.0f} "
                   f"{g['bidirl_half'] / g['async_half']:7.2f}x "
                   f"{g['bidirl_planner'] / g['bidirl_half']:7.2f}x")
+        for name, (num, den) in GAIN_RATIOS.items():
+            vals = [r["gains"][num] / r["gains"][den] for r in grid]
+            print(f"{name:44} median {statistics.median(vals):.2f}x, min {min(vals):.2f}x, "
+                  f"max {max(vals):.2f}x")
     for name, s in summary.items():
-        if s["regret"]:
+        if s.get("regret"):
             print(f"{name:7} regret median {s['regret']['median']:.2%} max {s['regret']['max']:.2%}"
                   f" | pick prediction error median {s['prediction_error']['median']:.2%} max "
                   f"{s['prediction_error']['max']:.2%} | all envelopes median "
@@ -273,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed", action="store_true", help="only time the planner")
     ap.add_argument("--fresh", action="store_true", help="ignore cached simulations")
     ap.add_argument("--out", type=Path, default=RESULTS / "planner_regret.json")
+    ap.add_argument("--cache", type=Path, default=RESULTS / "planner_regret.cache.json",
+                    help="simulated runs, reused across runs of the same simulator code")
     args = ap.parse_args(argv)
     if args.speed:
         speed()
@@ -282,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         grid, rand = grid[::5], rand[:6]
         args.max_envelopes = args.max_envelopes or 12
-    cache = SimCache(args.out.with_suffix(".cache.json"), args.fresh)
+    cache = SimCache(args.cache, args.fresh)
     rows, t0 = [], time.perf_counter()
     scenarios = ([(sc, not args.no_gains, "grid") for sc in grid]
                  + [(sc, False, "random") for sc in rand])
