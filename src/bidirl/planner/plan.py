@@ -6,11 +6,13 @@
       for rollout_tp | R, train_tp | g-R:    layouts (powers of two <= a node, | heads)
         envelope = (R, g-R, rollout_tp, dp=(g-R)/train_tp, train_tp)
         check_envelope -> sized envelope | Rejection(reason)     (planner.compat)
-        predict        -> tokens/s over the run's steps          (planner.predict)
+        predict        -> tokens/s over the run's steps          (planner.predict,
+                                                                  planner.pipeline)
     return the best, the top K, and every rejection with its reason
 
-Every candidate costs a few microseconds (closed forms, cached stage models), so 256
-devices (a few thousand envelopes) plan in well under a second on one core.  A model that
+Two passes: the steady-state closed form (microseconds per envelope) screens every
+compatible envelope, and the step-by-step recurrence (a few milliseconds) ranks those
+within ``SCREEN`` of the best; 256 devices (1,168 envelopes) plan in under a second.  A model that
 fits no envelope raises ``PlanError`` naming the model, the memory it needs and what the
 devices have.
 """

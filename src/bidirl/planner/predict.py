@@ -50,6 +50,10 @@ simulator's throughput::
     wall = Q_0 + tail_0 + theta + (N - 1) T - (tail - tail_last)
 
 with ``C_in`` added to the fill when units lent at the start must take part of batch 0.
+
+This closed form is model A.  Model B, ``pipeline``, follows the same run step by step
+(bursty fills, per-window lending, handed-back prefixes); ``predict`` returns their
+geometric mean, which ranks and calibrates better than either (docs/planner.md, item 9).
 """
 
 from __future__ import annotations
