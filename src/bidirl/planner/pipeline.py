@@ -58,6 +58,7 @@ class _Batch:
     last: float = -math.inf  # last group start (committed)
     resume: bool = False  # partial prefixes handed back by reclaimed borrowed replicas
     stall: float = 0.0  # replica-seconds of prefill the handed-back prefixes cost
+    longest: float = 0.0  # resumed part: the longest remaining hold (its batch waits for it)
 
 
 class Pipeline:
@@ -158,7 +159,8 @@ class Pipeline:
         for b in pending:
             if b.index == k:
                 starts = plan[(b.index, b.resume)]
-                ready = max(ready, float(starts[-1]) + b.tau if b.resume else self._ready(b, starts, free))
+                ready = max(ready, float(starts[-1]) + b.longest if b.resume
+                            else self._ready(b, starts, free))
         return ready
 
     def _chain(self, k: int, pending: list[_Batch], plan, done, free, c_out: float,
@@ -260,7 +262,7 @@ class Pipeline:
             if take:
                 st, free, exp, on_lent = self._assign(free, b.admit, take, b.tau, exp)
                 if b.resume:
-                    done[b.index] = max(done.get(b.index, 0.0), float(st[-1]) + b.tau)
+                    done[b.index] = max(done.get(b.index, 0.0), float(st[-1]) + b.longest)
                     b.left = 0
                     continue
                 b.first = min(b.first, float(st[0]))
@@ -295,4 +297,5 @@ class Pipeline:
             n = self.m.group_size
             stall = float(sum(self.prefill_fn(n * (self.prompt_tokens + p)) for p in prefix))
         return _Batch(b.index, at, len(remaining), float(remaining.mean()), b.step, resume=True,
+                      longest=float(remaining.max()),
                       stall=stall)
