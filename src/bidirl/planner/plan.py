@@ -180,7 +180,7 @@ def plan(scenario, top_k: int = 5, steps: int | None = None) -> PlanResult:
     if not cands:
         raise _no_fit_error(ctx, scenario, rejected)
     # Two passes: the closed form screens, the recurrence ranks what is left.  The two
-    # models' ratio stayed within 0.63-1.43 over 5,483 simulated envelopes, so an
+    # models' ratio stayed within 0.47-1.43 over 5,483 simulated envelopes, so an
     # envelope 20 % below the best closed form cannot come out on top of the blend.
     top = max(c.prediction.steady_tokens_per_s for c in cands)
     cands = [Candidate(c.envelope, predict(ctx, c.envelope))
