@@ -57,9 +57,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.plan == "auto":
         from bidirl.planner import plan as planner
 
-        chosen = planner.plan(sc)
+        chosen = planner.plan(sc, steps=args.steps)  # predicted over the steps that run
         sc = planner.scenario_with_envelope(sc, chosen.envelope)
-        print(f"planner envelope: {chosen.envelope}", file=sys.stderr)
+        print(f"planner envelope: {chosen.envelope.label()} (predicted "
+              f"{chosen.predicted_tokens_per_s:,.0f} tokens/s)", file=sys.stderr)
     from bidirl.sim.run import simulate
 
     t0 = time.perf_counter()

@@ -28,7 +28,7 @@ from bidirl.planner.compat import Rejection, check_envelope
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope, envelope_of, scenario_with_envelope
 from bidirl.planner.memory import usable_bytes
-from bidirl.planner.predict import Prediction, predict
+from bidirl.planner.predict import HORIZON_STEPS, Prediction, predict
 
 __all__ = ["PlanError", "PlanResult", "Candidate", "plan", "evaluate",
            "candidate_envelopes", "scenario_with_envelope"]
@@ -60,6 +60,7 @@ class PlanResult:
     evaluated: int
     compatible: int
     candidates: list[Candidate] = field(default_factory=list, repr=False)  # all, best first
+    steps: int = 0  # the horizon the throughput is predicted over
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -72,6 +73,7 @@ class PlanResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario,
+            "steps": self.steps,
             "envelope": self.envelope.to_json(),
             "predicted_tokens_per_s": round(self.predicted_tokens_per_s, 2),
             "predicted_step_time_s": round(self.predicted_step_time_s, 4),
@@ -89,6 +91,10 @@ class PlanResult:
                  f"  predicted {p.tokens_per_s:,.0f} tokens/s, step {p.step_time_s:.2f} s "
                  f"({p.regime}-bound; batch latency {p.latency_s:.2f} s, saturated rollout "
                  f"{p.rollout_s:.2f} s, train {p.train_s:.2f} s, borrow {p.borrowed})",
+                 f"  models: closed form {p.steady_tokens_per_s:,.0f} tokens/s, step-by-step "
+                 f"{p.pipeline_tokens_per_s or 0:,.0f} tokens/s over {self.steps} steps (of "
+                 f"the first {min(self.steps, HORIZON_STEPS)}: trainer units lent to rollout "
+                 f"at {p.lent_windows}, auxiliary trainers at {p.aux_steps})",
                  f"  {self.compatible} compatible of {self.evaluated} envelopes; top "
                  f"{len(self.alternatives)}:"]
         for c in self.alternatives:
@@ -189,7 +195,7 @@ def plan(scenario, top_k: int = 5, steps: int | None = None) -> PlanResult:
                               c.envelope.key()))
     best = cands[0]
     return PlanResult(scenario.name, best.envelope, best.prediction, cands[:top_k], rejected,
-                      len(envs), len(cands), cands)
+                      len(envs), len(cands), cands, ctx.steps)
 
 
 def predict_scenario(scenario, steps: int | None = None) -> Candidate | Rejection:
