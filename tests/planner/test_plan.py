@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from bidirl.perf.stage_models import weight_sync_s
 from bidirl.planner.compat import Rejection
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope, envelope_of
@@ -20,12 +21,14 @@ NO_BORROW = Costs(roll_on_train_c_in_s=1e6, train_on_roll_c_in_s=1e6)
 
 def test_search_returns_the_hand_computed_optimum(make_scenario):
     """Without borrowing, with no staleness gate and a long run, the period of an envelope
-    is max(rollout pool period, training step): the best envelope balances the two."""
+    is max(rollout pool period, training step + weight sync): the best envelope balances
+    the two (the trainer pushes weights after each step before it starts the next)."""
     sc = make_scenario(devices=12, model="Qwen3-4B", staleness=16, dist="constant",
                        max_len=2048, costs=NO_BORROW)
     ctx = PlanContext.from_scenario(sc, steps=100_000)
     L, tok = ctx.lengths, ctx.tokens_per_step
     micro = [ctx.micro_tokens] * int(tok // ctx.micro_tokens) + [tok % ctx.micro_tokens]
+    w = weight_sync_s(ctx.hw, ctx.model, ctx.devices > ctx.hw.devices_per_node)
     periods = {}
     for r_dev in range(1, 12):
         for r in (1, 2, 4, 8):
@@ -40,7 +43,7 @@ def test_search_returns_the_hand_computed_optimum(make_scenario):
                              + ctx.prompts_per_step * rm.prefill_s(8 * L.prompt_tokens))
                 spans = r_dev // 8 != 11 // 8
                 train_s = ctx.train_model(t).step_s(micro, L.train_seq_len, env.train_dp, spans)
-                periods[env.key()] = max(replica_s / sized.rollout_replicas, train_s)
+                periods[env.key()] = max(replica_s / sized.rollout_replicas, train_s + w)
     best = min(periods.values())
     result = plan(sc, steps=100_000)
     # Envelopes with the same period differ only in the (negligible) pipeline fill.

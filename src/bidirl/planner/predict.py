@@ -22,7 +22,7 @@ Training::
 The staleness bound admits batch ``k+s+1`` only when version ``k+1`` (trained, synced)
 exists, so ``s+1`` batches share one critical path::
 
-    T = max(T_fluid, theta, (Lambda(T) + W + theta) / (s + 1))
+    T = max(T_fluid, theta + W, (Lambda(T) + W + theta) / (s + 1))
 
 solved by bisection (the right side does not grow with ``T``).
 
@@ -273,7 +273,9 @@ def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _
     # groups handed back, so only the primaries' free group slots take the new batch.
     queue = _queue(m, fluid, min(m.cap, b * n / primaries), primaries)
     latency = queue + _tail(m, queue, step)
-    rhs = max(fluid, theta, (latency + m.weight_sync_s + theta) / (s + 1))
+    # The trainer pushes weights after every step before it starts the next: a train-bound
+    # period is theta + W, not theta.
+    rhs = max(fluid, theta + m.weight_sync_s, (latency + m.weight_sync_s + theta) / (s + 1))
     return _Steady(rhs, latency, theta, b, fluid, queue, step)
 
 
@@ -338,7 +340,7 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
         if option not in solved:
             solved[option] = _solve(m, env, s, option)
         st, end = solved[option], None
-        if option in _WITHOUT_AUX and st.period <= st.theta * (1 + 1e-6):
+        if option in _WITHOUT_AUX and st.period <= (st.theta + m.weight_sync_s) * (1 + 1e-6):
             # Train-bound even with auxiliaries: every step starts at the weight sync that
             # admits a new batch, so no replica is idle (nothing admissible) when the policy
             # lends, only at the first step (the pipeline fill) and at the last s steps
@@ -352,8 +354,9 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
             best = (wall, option, st)
     wall, option, st = best
     gate = (st.latency + m.weight_sync_s + st.theta) / (s + 1)
-    regime = ("staleness" if gate >= max(st.fluid, st.theta) * (1 - 1e-9)
-              else "rollout" if st.fluid >= st.theta else "train")
+    trained = st.theta + m.weight_sync_s
+    regime = ("staleness" if gate >= max(st.fluid, trained) * (1 - 1e-9)
+              else "rollout" if st.fluid >= trained else "train")
     tokens = ctx.steps * ctx.tokens_per_step
     steady = tokens / wall
     pipe, combined, lent_windows, aux_steps = None, steady, 0, 0
