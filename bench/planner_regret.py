@@ -178,6 +178,9 @@ def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: 
         "simulated_best_tokens_per_s": best, "regret": (best - got) / best,
         "prediction_error": abs(pred - got) / got, "envelopes_simulated": len(sims),
         "compatible": result.compatible, "median_prediction_error_all": statistics.median(errors),
+        # every simulated envelope: [predicted, simulated] tokens/s (for the plot)
+        "envelopes": [[round(c.prediction.tokens_per_s, 1), round(r["tokens_per_s"], 1)]
+                      for c, r in sims.values()],
         "regime": result.prediction.regime, "borrowed": result.prediction.borrowed,
         "seed_oracle_regret": seed_oracle_regret(sims),
     }
@@ -257,6 +260,43 @@ def print_table(rows: list[dict], summary: dict) -> None:
                       f"{s['seed_oracle_regret']['median']:.2%} max {s['seed_oracle_regret']['max']:.2%}")
 
 
+def plot(rows: list[dict], path: Path, label: str) -> None:
+    """Regret per scenario (sorted, with the 2 % and 8 % targets) and predicted against
+    simulated throughput for every simulated envelope, each scaled by its scenario's best."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for kind, color in (("grid", "tab:blue"), ("random", "tab:orange")):
+        sub = sorted((r for r in rows if r["set"] == kind), key=lambda r: r["regret"])
+        ax1.plot(range(len(sub)), [100 * r["regret"] for r in sub], "o-", ms=3, color=color,
+                 label=f"{kind} ({len(sub)})")
+        xs, ys = [], []
+        for r in rows:
+            if r["set"] != kind:
+                continue
+            best = r["simulated_best_tokens_per_s"]
+            for pred, sim in r.get("envelopes", []):
+                xs.append(sim / best)
+                ys.append(pred / best)
+        ax2.scatter(xs, ys, s=4, alpha=0.35, color=color, label=kind)
+    for y, style in ((2, ":"), (8, "--")):
+        ax1.axhline(y, color="grey", ls=style, lw=1)
+    ax1.set(xlabel="scenarios, sorted", ylabel="regret of the pick (%)",
+            title=f"planner regret ({label})")
+    ax1.legend()
+    ax2.plot([0, 1.3], [0, 1.3], color="grey", lw=1)
+    ax2.set(xlim=(0, 1.3), ylim=(0, 1.3), xlabel="simulated / best simulated",
+            ylabel="predicted / best simulated", title="every compatible envelope")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
 def speed(devices: int = 256, repeats: int = 3) -> dict:
     from bidirl.sim.scenario import load
 
@@ -325,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
               "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
+    plot(rows, args.out.with_suffix(".png"), f"{args.steps} steps, {args.seeds} seed(s)")
     print(f"wrote {args.out}")
     return 0
 
