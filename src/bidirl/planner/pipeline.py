@@ -17,7 +17,10 @@ For step ``k``::
     ready(k)  = last start of batch k + tail(its start window)          (predict._tail)
     lend      Rollouter-on-TrainPool: if the trainer waits (ready(k) > t0) and groups
               queue at t0, ceil(queued / g) trainer units join as replicas at t0 + C_in
-              and stay until ready(k) (the trainer reclaims them: + C_out if busy)
+              and stay until ready(k), judged by the policy's rule (the last step they
+              serve must start earlier, C_out included); the groups they still run at
+              the reclaim go back as partial prefixes, queued first, and their batch is
+              complete when the longest of them is
     start(k)  = max(ready(k), t0) [+ C_out]
     aux       Trainer-on-RollPool: primary replicas with no group left at start(k) and
               nothing queued train a share of the micro-batches (predict._aux_theta)
@@ -87,7 +90,8 @@ class Pipeline:
 
     @staticmethod
     def _assign(free: np.ndarray, admit: float, count: int, tau: float,
-                expiry: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                expiry: np.ndarray | None = None,
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         """FIFO: ``count`` groups admitted at ``admit`` take the earliest free slots.
 
         Returns the starts (nondecreasing), the new sorted free times, their expiry and
@@ -134,7 +138,7 @@ class Pipeline:
             out[(b.index, b.resume)] = starts
         return out, free, exp
 
-    def _ready(self, batch: _Batch, starts: np.ndarray, free: np.ndarray) -> float:
+    def _ready(self, batch: _Batch, starts: np.ndarray) -> float:
         """The batch's last response ends: its last group start plus the long tail of the
         responses started over its start window (``predict._tail``).
 
@@ -152,26 +156,25 @@ class Pipeline:
         ready = last + step * longest + m.prefill_group_s
         return ready
 
-    def _ready_of(self, k: int, pending: list[_Batch], plan, done: dict[int, float],
-                  free: np.ndarray) -> float:
+    def _ready_of(self, k: int, pending: list[_Batch], plan, done: dict[int, float]) -> float:
         """When batch ``k`` is complete: its own groups and any resumed partial prefixes."""
         ready = done.get(k, -math.inf)
         for b in pending:
             if b.index == k:
                 starts = plan[(b.index, b.resume)]
                 ready = max(ready, float(starts[-1]) + b.longest if b.resume
-                            else self._ready(b, starts, free))
+                            else self._ready(b, starts))
         return ready
 
-    def _chain(self, k: int, pending: list[_Batch], plan, done, free, c_out: float,
+    def _chain(self, k: int, pending: list[_Batch], plan, done, c_out: float,
                steps: int) -> float:
         """When the trainer could start the last step whose batch is admitted now:
         ``start(k) = ready(k) + C_out``, ``start(i+1) = max(start(i) + theta + W, ready(i+1))``."""
         m = self.m
         period = m.max_rank_s + m.overhead_s + m.weight_sync_s
-        j = self._ready_of(k, pending, plan, done, free) + c_out
+        j = self._ready_of(k, pending, plan, done) + c_out
         for i in range(k + 1, min(k + self.s, steps - 1) + 1):
-            j = max(j + period, self._ready_of(i, pending, plan, done, free))
+            j = max(j + period, self._ready_of(i, pending, plan, done))
         return j
 
     # -- the recurrence -----------------------------------------------------------------
@@ -195,7 +198,7 @@ class Pipeline:
                 step, tau = self._batch_speed(busy)
                 pending.append(_Batch(k + s, t0, self.groups, tau, step))
             plan, planned, expiry = self._plan(free, pending, None)
-            ready = self._ready_of(k, pending, plan, done, planned)
+            ready = self._ready_of(k, pending, plan, done)
             lent = None
             c_out = 0.0
             if lendable and ready > t0:
@@ -203,18 +206,18 @@ class Pipeline:
                 units = min(lendable, math.ceil(queued / self.g - 1e-9))
                 if units > 0:
                     trial = (t0 + m.c_roll_in, units * self.g, math.inf)
-                    plan_l, planned_l, _ = self._plan(free, pending, trial)
-                    ready_l = self._ready_of(k, pending, plan_l, done, planned_l)
+                    plan_l, _, _ = self._plan(free, pending, trial)
+                    ready_l = self._ready_of(k, pending, plan_l, done)
                     trial = (t0 + m.c_roll_in, units * self.g, ready_l)  # reclaimed then
                     plan_l, planned_l, expiry_l = self._plan(free, pending, trial)
                     c_out_l = m.c_roll - m.c_roll_in
                     # the policy's admission rule: lend only if the last step the borrowed
                     # replicas work for (up to the queue's head) starts earlier
-                    if (self._chain(k, pending, plan_l, done, planned_l, c_out_l, steps)
-                            < self._chain(k, pending, plan, done, planned, 0.0, steps)):
+                    if (self._chain(k, pending, plan_l, done, c_out_l, steps)
+                            < self._chain(k, pending, plan, done, 0.0, steps)):
                         lent, plan, planned, expiry = trial, plan_l, planned_l, expiry_l
                         c_out = c_out_l
-                        ready = self._ready_of(k, pending, plan, done, planned)
+                        ready = self._ready_of(k, pending, plan, done)
                         lent_windows += 1
             start = max(ready, t0) + c_out
             theta = m.max_rank_s + m.overhead_s
@@ -231,7 +234,7 @@ class Pipeline:
             end = start + theta
             ends.append(end)
             sync_end = end + m.weight_sync_s
-            free, pending = self._commit(free, pending, lent, sync_end, done, plan, planned)
+            free, pending = self._commit(free, pending, lent, sync_end, done, plan)
         wall = ends[-1]
         lo, hi = min(s + 1, len(ends) - 1), max(0, len(ends) - 1 - s)
         period = ((ends[hi] - ends[lo]) / (hi - lo)) if hi > lo else (
@@ -239,8 +242,7 @@ class Pipeline:
         return Timeline(wall, tuple(ends), period, lent_windows, aux_steps)
 
     def _commit(self, free: np.ndarray, pending: list[_Batch], lent, until: float,
-                done: dict[int, float], plan, planned: np.ndarray,
-                ) -> tuple[np.ndarray, list[_Batch]]:
+                done: dict[int, float], plan) -> tuple[np.ndarray, list[_Batch]]:
         """Start, for good, the groups whose planned start is before ``until``.
 
         Groups still running on borrowed slots when the trainer reclaims them go back as
@@ -278,7 +280,7 @@ class Pipeline:
             if b.left > 0:
                 keep.append(b)
             else:
-                ready = self._ready(b, np.empty(0), planned)
+                ready = self._ready(b, np.empty(0))
                 done[b.index] = max(done.get(b.index, 0.0), ready)
         if exp is not None:  # borrowed slots go home
             free = free[np.isinf(exp)]
