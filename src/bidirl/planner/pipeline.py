@@ -122,16 +122,23 @@ class Pipeline:
         on_lent = np.isfinite(np.tile(expiry[:used], rounds)[:count])
         return starts, new_free[order], expiry[order], on_lent
 
+    @staticmethod
+    def _with_borrowed(free: np.ndarray, lent: tuple[float, int, float] | None,
+                       ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The primary slots plus ``lent = (from, slots, until)`` borrowed ones, sorted, with
+        each slot's expiry (``inf`` for a primary slot); no expiry array when nothing is lent."""
+        if lent is None:
+            return free, None
+        at, count, until = lent
+        free = np.concatenate((free, np.full(count, at)))
+        exp = np.concatenate((np.full(len(free) - count, np.inf), np.full(count, until)))
+        order = np.argsort(free, kind="stable")
+        return free[order], exp[order]
+
     def _plan(self, free: np.ndarray, pending: list[_Batch], lent: tuple[float, int, float] | None,
               ) -> tuple[dict[tuple[int, bool], np.ndarray], np.ndarray, np.ndarray | None]:
         """Assign every pending group; ``lent = (from, slots, until)`` adds borrowed slots."""
-        exp = None
-        if lent is not None:
-            at, count, until = lent
-            free = np.concatenate((free, np.full(count, at)))
-            exp = np.concatenate((np.full(len(free) - count, np.inf), np.full(count, until)))
-            order = np.argsort(free, kind="stable")
-            free, exp = free[order], exp[order]
+        free, exp = self._with_borrowed(free, lent)
         out = {}
         for b in pending:
             starts, free, exp, _ = self._assign(free, b.admit, b.left, b.tau, exp)
@@ -249,13 +256,7 @@ class Pipeline:
         partial prefixes: their remaining hold is queued first, at the reclaim time, and
         their batch is ready only when the resumed part is done.
         """
-        exp = None
-        if lent is not None:
-            at, count, expiry = lent
-            free = np.concatenate((free, np.full(count, at)))
-            exp = np.concatenate((np.full(len(free) - count, np.inf), np.full(count, expiry)))
-            order = np.argsort(free, kind="stable")
-            free, exp = free[order], exp[order]
+        free, exp = self._with_borrowed(free, lent)
         keep, resumed = [], []
         for b in pending:
             starts = plan.get((b.index, False)) if not b.resume else None
