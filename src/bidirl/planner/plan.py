@@ -28,7 +28,7 @@ from bidirl.planner.compat import Rejection, check_envelope
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope, envelope_of, scenario_with_envelope
 from bidirl.planner.memory import usable_bytes
-from bidirl.planner.predict import HORIZON_STEPS, Prediction, predict
+from bidirl.planner.predict import HORIZON_STEPS, Prediction, predict, with_pipeline
 
 __all__ = ["PlanError", "PlanResult", "Candidate", "plan", "evaluate",
            "candidate_envelopes", "scenario_with_envelope"]
@@ -189,7 +189,7 @@ def plan(scenario, top_k: int = 5, steps: int | None = None) -> PlanResult:
     # models' ratio stayed within 0.47-1.43 over 5,483 simulated envelopes, so an
     # envelope 20 % below the best closed form cannot come out on top of the blend.
     top = max(c.prediction.steady_tokens_per_s for c in cands)
-    cands = [Candidate(c.envelope, predict(ctx, c.envelope))
+    cands = [Candidate(c.envelope, with_pipeline(ctx, c.envelope, c.prediction))
              if c.prediction.steady_tokens_per_s >= SCREEN * top else c for c in cands]
     cands.sort(key=lambda c: (c.prediction.screened_out, -c.prediction.tokens_per_s,
                               c.envelope.key()))

@@ -59,7 +59,7 @@ geometric mean, which ranks and calibrates better than either (docs/planner.md, 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from bidirl.perf.stage_models import weight_sync_s
 from bidirl.perf.switch_costs import switch_priors
@@ -357,22 +357,27 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
     trained = st.theta + m.weight_sync_s
     regime = ("staleness" if gate >= max(st.fluid, trained) * (1 - 1e-9)
               else "rollout" if st.fluid >= trained else "train")
-    tokens = ctx.steps * ctx.tokens_per_step
-    steady = tokens / wall
-    pipe, combined, lent_windows, aux_steps = None, steady, 0, 0
-    if pipeline:
-        timeline, pipe_wall = pipeline_timeline(
-            ctx, env, m, lend_roll=bool({"roll_on_train", "both"} & set(options)),
-            lend_aux=bool({"train_on_roll", "both"} & set(options)))
-        pipe = tokens / pipe_wall
-        combined = math.sqrt(steady * pipe)
-        lent_windows, aux_steps = timeline.lent_windows, timeline.aux_steps
-    return Prediction(
-        tokens_per_s=combined, steady_tokens_per_s=steady, pipeline_tokens_per_s=pipe,
-        step_time_s=st.period, wall_s=tokens / combined, regime=regime, rollout_s=base.fluid,
+    steady = ctx.steps * ctx.tokens_per_step / wall
+    closed = Prediction(
+        tokens_per_s=steady, steady_tokens_per_s=steady, pipeline_tokens_per_s=None,
+        step_time_s=st.period, wall_s=wall, regime=regime, rollout_s=base.fluid,
         latency_s=st.latency, train_s=st.theta, running_per_replica=st.running,
-        weight_sync_s=m.weight_sync_s, no_borrow_step_s=base.period, borrowed=option,
-        lent_windows=lent_windows, aux_steps=aux_steps)
+        weight_sync_s=m.weight_sync_s, no_borrow_step_s=base.period, borrowed=option)
+    return with_pipeline(ctx, env, closed, options, m) if pipeline else closed
+
+
+def with_pipeline(ctx: PlanContext, env: Envelope, closed: Prediction,
+                  options: tuple[str, ...] = OPTIONS, m: _Model | None = None) -> Prediction:
+    """A closed-form prediction completed with the recurrence: ``sqrt(A x B)``."""
+    timeline, pipe_wall = pipeline_timeline(
+        ctx, env, m, lend_roll=bool({"roll_on_train", "both"} & set(options)),
+        lend_aux=bool({"train_on_roll", "both"} & set(options)))
+    tokens = ctx.steps * ctx.tokens_per_step
+    pipe = tokens / pipe_wall
+    combined = math.sqrt(closed.steady_tokens_per_s * pipe)
+    return replace(closed, tokens_per_s=combined, pipeline_tokens_per_s=pipe,
+                   wall_s=tokens / combined, lent_windows=timeline.lent_windows,
+                   aux_steps=timeline.aux_steps)
 
 
 def pipeline_timeline(ctx: PlanContext, env: Envelope, m: _Model | None = None,
