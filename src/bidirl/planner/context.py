@@ -28,6 +28,7 @@ class PlanContext:
     group_size: int
     micro_tokens: float
     costs: object = None  # the scenario's Costs overrides (None fields keep priors)
+    prior_scale: float = 1.0  # how far the scheduler's priors start off (cold_start)
     _rollout: dict[int, RolloutStageModel] = field(default_factory=dict, repr=False)
     _train: dict[int, TrainStageModel] = field(default_factory=dict, repr=False)
     _max: dict[int, float] = field(default_factory=dict, repr=False)
@@ -47,6 +48,7 @@ class PlanContext:
             group_size=w.group_size,
             micro_tokens=float(scenario.sim.micro_batch_tokens),
             costs=scenario.costs,
+            prior_scale=scenario.sim.prior_scale,
         )
 
     @property

@@ -69,7 +69,8 @@ class Pipeline:
     ``E[max of n lengths]`` in tokens."""
 
     def __init__(self, m, env, s: int, group_longest: float, theta_fn, prefill_fn=None,
-                 prompt_tokens: float = 0.0, mean_length: float = 0.0) -> None:
+                 prompt_tokens: float = 0.0, mean_length: float = 0.0,
+                 first_lend: int | None = None) -> None:
         self.m, self.env, self.s = m, env, s
         self.n = env.rollout_replicas
         self.g = m.group_slots
@@ -79,6 +80,9 @@ class Pipeline:
         self.theta_fn = theta_fn  # idle share -> theta with auxiliaries
         self.prefill_fn = prefill_fn  # prompt tokens -> prefill seconds on one replica
         self.prompt_tokens, self.mean_length = prompt_tokens, mean_length
+        # units the policy lends at t = 0, judged on its priors (planner.cold_start);
+        # None: judge the first window like every other
+        self.first_lend = first_lend
 
     # -- rollout ------------------------------------------------------------------------
     def _batch_speed(self, busy: float) -> tuple[float, float]:
@@ -208,9 +212,12 @@ class Pipeline:
             ready = self._ready_of(k, pending, plan, done)
             lent = None
             c_out = 0.0
-            if lendable and ready > t0:
+            cold = k == 0 and self.first_lend is not None
+            if lendable and ready > t0 and not (cold and self.first_lend == 0):
                 queued = sum(int(np.count_nonzero(v > t0 + m.c_roll_in)) for v in plan.values())
                 units = min(lendable, math.ceil(queued / self.g - 1e-9))
+                if cold:  # the policy has decided already, on its priors
+                    units = min(lendable, self.first_lend)
                 if units > 0:
                     trial = (t0 + m.c_roll_in, units * self.g, math.inf)
                     plan_l, _, _ = self._plan(free, pending, trial)
@@ -220,8 +227,8 @@ class Pipeline:
                     c_out_l = m.c_roll - m.c_roll_in
                     # the policy's admission rule: lend only if the last step the borrowed
                     # replicas work for (up to the queue's head) starts earlier
-                    if (self._chain(k, pending, plan_l, done, c_out_l, steps)
-                            < self._chain(k, pending, plan, done, 0.0, steps)):
+                    if cold or (self._chain(k, pending, plan_l, done, c_out_l, steps)
+                                < self._chain(k, pending, plan, done, 0.0, steps)):
                         lent, plan, planned, expiry = trial, plan_l, planned_l, expiry_l
                         c_out = c_out_l
                         ready = self._ready_of(k, pending, plan, done)

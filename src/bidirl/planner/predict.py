@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass, replace
 
 from bidirl.perf.stage_models import weight_sync_s
 from bidirl.perf.switch_costs import switch_priors
+from bidirl.planner.cold_start import first_window_units
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope
 from bidirl.planner.pipeline import Pipeline, Timeline
@@ -89,6 +90,7 @@ class Prediction:
     borrowed: str  # one of OPTIONS (the steady-state model's choice)
     lent_windows: int = 0  # recurrence: idle windows that lent trainer units to rollout
     aux_steps: int = 0  # recurrence: steps that used auxiliary trainers
+    first_lend: int | None = None  # units the policy lends at t = 0 on its priors (cold_start)
 
     def to_json(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -280,17 +282,18 @@ def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _
 
 
 def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int,
-          end: _Steady | None = None) -> float:
+          end: _Steady | None = None, start_lends: bool = True) -> float:
     """Wall time of ``steps`` steps: the pipeline fill, steady periods, a shorter last tail.
 
     At the start ``s + 1`` batches are admissible and every group slot is free, so batch
     0 queues only for what does not fit; the last batch drains with nothing admitted
     behind it, so its tail runs at about half the steady load.  ``end``: the steady state
     with auxiliary trainers, which a train-bound pipeline gets only at the first step and
-    the last ``s`` steps (``predict``).
+    the last ``s`` steps (``predict``).  ``start_lends``: whether the policy, judging on
+    its priors, lends trainer units at ``t = 0`` (``cold_start``).
     """
     n = float(env.rollout_replicas)
-    if option in ("roll_on_train", "both"):
+    if option in ("roll_on_train", "both") and start_lends:
         n += _feedable(m, env, s)  # the trainer idles from the start
     b0 = min(float(m.cap), m.first_running * env.rollout_replicas / n)
     q0 = _queue(m, _fluid(m, n), 0.0, n)
@@ -333,6 +336,8 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
     """
     m = _model(ctx, env)
     s = ctx.staleness
+    lends = bool({"roll_on_train", "both"} & set(options))
+    first = first_window_units(ctx, env) if lends else None
     solved = {"none": _solve(m, env, s, "none")}
     base = solved["none"]
     best = None
@@ -349,7 +354,7 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
             if plain not in solved:
                 solved[plain] = _solve(m, env, s, plain)
             st, end = solved[plain], st
-        wall = _wall(m, env, st, option, ctx.steps, s, end)
+        wall = _wall(m, env, st, option, ctx.steps, s, end, bool(first))
         if best is None or wall < best[0] * (1 - 1e-9):
             best = (wall, option, st)
     wall, option, st = best
@@ -363,6 +368,7 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
         step_time_s=st.period, wall_s=wall, regime=regime, rollout_s=base.fluid,
         latency_s=st.latency, train_s=st.theta, running_per_replica=st.running,
         weight_sync_s=m.weight_sync_s, no_borrow_step_s=base.period, borrowed=option)
+    closed = replace(closed, first_lend=first)
     return with_pipeline(ctx, env, closed, options, m) if pipeline else closed
 
 
@@ -371,7 +377,7 @@ def with_pipeline(ctx: PlanContext, env: Envelope, closed: Prediction,
     """A closed-form prediction completed with the recurrence: ``sqrt(A x B)``."""
     timeline, pipe_wall = pipeline_timeline(
         ctx, env, m, lend_roll=bool({"roll_on_train", "both"} & set(options)),
-        lend_aux=bool({"train_on_roll", "both"} & set(options)))
+        lend_aux=bool({"train_on_roll", "both"} & set(options)), first_lend=closed.first_lend)
     tokens = ctx.steps * ctx.tokens_per_step
     pipe = tokens / pipe_wall
     combined = math.sqrt(closed.steady_tokens_per_s * pipe)
@@ -381,7 +387,8 @@ def with_pipeline(ctx: PlanContext, env: Envelope, closed: Prediction,
 
 
 def pipeline_timeline(ctx: PlanContext, env: Envelope, m: _Model | None = None,
-                      lend_roll: bool = True, lend_aux: bool = True) -> tuple[Timeline, float]:
+                      lend_roll: bool = True, lend_aux: bool = True,
+                      first_lend: int | None = None) -> tuple[Timeline, float]:
     """The recurrence's timeline and its wall time over ``ctx.steps``.
 
     Rollouter-on-TrainPool is judged window by window inside the recurrence (the policy's
@@ -390,10 +397,12 @@ def pipeline_timeline(ctx: PlanContext, env: Envelope, m: _Model | None = None,
     past ``HORIZON_STEPS`` add the recurrence's mean mid-run period per extra step.
     """
     m = m or _model(ctx, env)
+    if first_lend is None and lend_roll:
+        first_lend = first_window_units(ctx, env)
     pipe = Pipeline(m, env, ctx.staleness, ctx.expected_max(ctx.group_size),
                     lambda idle: _aux_theta(m, env, idle),
                     ctx.rollout_model(env.rollout_tp).prefill_s, ctx.lengths.prompt_tokens,
-                    ctx.lengths.mean)
+                    ctx.lengths.mean, first_lend)
     horizon = min(ctx.steps, HORIZON_STEPS)
     extra = ctx.steps - horizon
     best = None
