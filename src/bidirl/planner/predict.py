@@ -91,6 +91,7 @@ class Prediction:
     lent_windows: int = 0  # recurrence: idle windows that lent trainer units to rollout
     aux_steps: int = 0  # recurrence: steps that used auxiliary trainers
     first_lend: int | None = None  # units the policy lends at t = 0 on its priors (cold_start)
+    no_borrow_tokens_per_s: float | None = None  # without borrowing (set in plan's tie band)
 
     def to_json(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -326,18 +327,24 @@ def _solve(m: _Model, env: Envelope, s: int, option: str) -> _Steady:
 
 
 def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
-            pipeline: bool = True) -> Prediction:
+            pipeline: bool = True, first_lend: int | None = None) -> Prediction:
     """Predicted throughput of a hot-switch-compatible (sized) envelope.
 
     Each borrowing option in ``options`` is solved; the best predicted throughput wins
     (``none`` on ties), as the runtime lends only when it pays.  The prediction is the
     geometric mean of the steady-state closed form and the step-by-step recurrence
     (``pipeline``); ``pipeline=False`` gives the closed form alone (the planner's screen).
+
+    ``first_lend``: trainer units the policy lends at ``t = 0`` (``cold_start``).  The
+    full prediction asks the policy; the closed form alone, when not told, assumes it
+    lends at the fill whenever lending pays (the screen's optimistic bound, a
+    millisecond per envelope cheaper), and ``with_pipeline`` corrects that.
     """
+    lends = bool({"roll_on_train", "both"} & set(options))
+    if pipeline and lends and first_lend is None:
+        first_lend = first_window_units(ctx, env)
     m = _model(ctx, env)
     s = ctx.staleness
-    lends = bool({"roll_on_train", "both"} & set(options))
-    first = first_window_units(ctx, env) if lends else None
     solved = {"none": _solve(m, env, s, "none")}
     base = solved["none"]
     best = None
@@ -354,7 +361,7 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
             if plain not in solved:
                 solved[plain] = _solve(m, env, s, plain)
             st, end = solved[plain], st
-        wall = _wall(m, env, st, option, ctx.steps, s, end, bool(first))
+        wall = _wall(m, env, st, option, ctx.steps, s, end, first_lend != 0)
         if best is None or wall < best[0] * (1 - 1e-9):
             best = (wall, option, st)
     wall, option, st = best
@@ -368,13 +375,23 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
         step_time_s=st.period, wall_s=wall, regime=regime, rollout_s=base.fluid,
         latency_s=st.latency, train_s=st.theta, running_per_replica=st.running,
         weight_sync_s=m.weight_sync_s, no_borrow_step_s=base.period, borrowed=option)
-    closed = replace(closed, first_lend=first)
+    closed = replace(closed, first_lend=first_lend if lends else None)
     return with_pipeline(ctx, env, closed, options, m) if pipeline else closed
 
 
 def with_pipeline(ctx: PlanContext, env: Envelope, closed: Prediction,
                   options: tuple[str, ...] = OPTIONS, m: _Model | None = None) -> Prediction:
-    """A closed-form prediction completed with the recurrence: ``sqrt(A x B)``."""
+    """A closed-form prediction completed with the recurrence: ``sqrt(A x B)``.
+
+    A screen's closed form that assumed a lend at the fill is redone when the policy,
+    asked now, declines it.
+    """
+    if closed.first_lend is None and {"roll_on_train", "both"} & set(options):
+        first = first_window_units(ctx, env)
+        if first == 0 and closed.borrowed in ("roll_on_train", "both"):
+            closed = predict(ctx, env, options, pipeline=False, first_lend=0)
+        else:
+            closed = replace(closed, first_lend=first)
     timeline, pipe_wall = pipeline_timeline(
         ctx, env, m, lend_roll=bool({"roll_on_train", "both"} & set(options)),
         lend_aux=bool({"train_on_roll", "both"} & set(options)), first_lend=closed.first_lend)
