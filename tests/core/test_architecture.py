@@ -13,7 +13,7 @@ def test_inner_ring_imports_no_heavy_stack():
                "bidirl.perf.stage_models", "bidirl.perf.switch_costs", "bidirl.controller",
                "bidirl.policy", "bidirl.policy.bidirl", "bidirl.policy.sync"]
     if importlib.util.find_spec("bidirl.planner") is not None:
-        modules.append("bidirl.planner")
+        modules += ["bidirl.planner", "bidirl.planner.plan", "bidirl.planner.cold_start"]
     code = (
         "import importlib, json, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
