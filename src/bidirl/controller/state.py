@@ -43,7 +43,7 @@ from bidirl.controller.events import (
     TrainStepFinished,
     WeightsSynced,
 )
-from bidirl.core.ledger import DeviceLedger, GroupLedger, Pool, Role
+from bidirl.core.ledger import DeviceLedger, GroupLedger, Pool, Role, switch_kind
 from bidirl.core.samples import GroupState, PromptGroup
 from bidirl.core.staleness import batch_of, may_start
 
@@ -304,8 +304,7 @@ class ClusterState:
         if self.colocated[u]:
             self.est.observe("colocated_switch", (), ev.seconds)
         else:
-            kind = "roll_on_train" if ev.role is Role.ROLLOUT else "train_on_roll"
-            self.est.observe(f"{kind}.c_in", (), ev.seconds)
+            self.est.observe(f"{switch_kind(ev.role)}.c_in", (), ev.seconds)
         if ev.role is Role.ROLLOUT and self.status[u] is UnitStatus.LENT:
             self.unit_version[u] = self.version  # borrowed replicas load the newest weights
             self._set_accepting(u, True)
@@ -317,8 +316,7 @@ class ClusterState:
         if self.colocated[u]:
             self.est.observe("colocated_switch", (), ev.seconds)
         else:
-            kind = "roll_on_train" if ev.role is Role.ROLLOUT else "train_on_roll"
-            self.est.observe(f"{kind}.c_out", (), ev.seconds)
+            self.est.observe(f"{switch_kind(ev.role)}.c_out", (), ev.seconds)
         self.status[u] = UnitStatus.HOME
         self.returning.discard(u)
         self.away[self.spec.unit_pool(u)] -= 1

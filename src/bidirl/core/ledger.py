@@ -9,6 +9,7 @@ audit trail that proves every prompt group was trained exactly once and none was
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -168,19 +169,41 @@ class GroupLedger:
 
     def audit(self, bound: int, through_batch: int | None = None) -> AuditReport:
         """Check every group up to ``through_batch`` (all if None) was trained exactly once."""
-        due = [g for g in self.groups.values()
+        due = [g.group_id for g in self.groups.values()
                if through_batch is None or g.batch <= through_batch]
-        lost = sorted(g.group_id for g in due if self.trained_count[g.group_id] == 0)
-        twice = sorted(gid for gid, c in self.trained_count.items() if c > 1)
-        violations = [f"group {gid}: gap {gap} > bound {bound}"
-                      for gid, gap in self.staleness.items() if gap > bound]
-        gaps = list(self.staleness.values())
-        return AuditReport(
-            groups_total=len(due),
-            groups_trained=sum(1 for g in due if self.trained_count[g.group_id] >= 1),
-            groups_lost=lost,
-            trained_twice=twice,
-            staleness_violations=violations,
-            max_staleness=max(gaps, default=0),
-            mean_staleness=(sum(gaps) / len(gaps)) if gaps else 0.0,
-        )
+        return audit_trained(due, self.trained_count, self.staleness, bound)
+
+
+def audit_trained(expected: Iterable[int], trained_count: Counter, staleness: dict[int, int],
+                  bound: int) -> AuditReport:
+    """The one ledger audit: each expected group trained exactly once, within ``bound``.
+
+    The controller's ``GroupLedger`` and a real run's ``trained_groups.jsonl`` (which spans
+    resumes) are both checked here, so the two can never disagree on what "ok" means.
+    """
+    due = list(expected)
+    lost = sorted(g for g in due if trained_count[g] == 0)
+    twice = sorted(g for g, c in trained_count.items() if c > 1)
+    violations = [f"group {g}: gap {gap} > bound {bound}" for g, gap in staleness.items() if gap > bound]
+    gaps = list(staleness.values())
+    return AuditReport(
+        groups_total=len(due),
+        groups_trained=sum(1 for g in due if trained_count[g] >= 1),
+        groups_lost=lost,
+        trained_twice=twice,
+        staleness_violations=violations,
+        max_staleness=max(gaps, default=0),
+        mean_staleness=(sum(gaps) / len(gaps)) if gaps else 0.0,
+    )
+
+
+def switch_kind(role: Role, colocated: bool = False) -> str:
+    """The name of a lend direction, as stage models, metrics and results spell it.
+
+    ``roll_on_train``: a train-pool unit hosts a rollout replica; ``train_on_roll``: a
+    rollout unit hosts an auxiliary trainer; ``colocated``: the synchronous baseline's
+    phase switch.  The only place the mapping is written.
+    """
+    if colocated:
+        return "colocated"
+    return "roll_on_train" if role is Role.ROLLOUT else "train_on_roll"

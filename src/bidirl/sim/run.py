@@ -52,7 +52,7 @@ import simpy
 from bidirl.controller.loop import Controller
 from bidirl.policy import make_policy
 from bidirl.sim import scenario as scenario_mod
-from bidirl.sim.recorder import Recorder
+from bidirl.frame.device_time import Recorder
 from bidirl.sim.result import SimResult
 from bidirl.sim.runtime import SimRuntime
 from bidirl.sim.scenario import Pools, Scenario

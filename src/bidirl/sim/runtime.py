@@ -37,7 +37,7 @@ from bidirl.controller.events import (
 )
 from bidirl.core.ledger import Role
 from bidirl.sim.engine import ReplicaEngine
-from bidirl.sim.recorder import BUSY, IDLE, SWITCHING, Recorder
+from bidirl.frame.device_time import BUSY, IDLE, SWITCHING, Recorder
 from bidirl.sim.training import plan_step
 from bidirl.sim.workload import ResponseLengths
 from bidirl.sim.world import Truth

@@ -1,4 +1,7 @@
-"""Device-time recorder: every device's activity as intervals tiling ``[0, wall]``.
+"""The one device-time recorder: every device's activity as intervals tiling ``[0, wall]``.
+
+The simulator and the real runtime both call ``set`` whenever a device changes what it
+does; the same conservation check therefore applies to both worlds.
 
 Each device is always in exactly one state ``(activity, role, label, borrowed)``; a
 change closes the running interval.  Per-pool busy / idle / switching seconds are
@@ -60,6 +63,9 @@ class Recorder:
         for d in sorted(self.state):
             self._close(d, wall)
             self.since[d] = wall
+
+    def sorted_intervals(self) -> list[Interval]:
+        return sorted(self.intervals, key=lambda i: (i.device, i.start_s))
 
     def stream_sha256(self) -> str:
         return self._sha.hexdigest()

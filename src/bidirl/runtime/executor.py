@@ -1,0 +1,269 @@
+"""The real runtime: carries out the controller's actions on device workers.
+
+::
+
+    driver process                                     device workers (Ray actors, or
+    +----------------------------------------+         the tests' in-process fakes)
+    | Controller (pure)                      |         +---------------------------+
+    |   on_event(e) -> policy -> actions     |         | DeviceWorker              |
+    | DeviceExecutor                         | Backend |   roles: rollout (vLLM),  |
+    |   execute(action) --- calls.issue ---- | ------> |          train (torch),   |
+    |   run(): calls.dispatch -> callbacks   | <------ |          aux_train        |
+    |          -> pump.deliver(events)       | results |   host / release (timed)  |
+    |   Hosting, Recorder (runtime frame)    |         |   call(role, method, ...) |
+    | GroupStore: prompts, responses,        |         +---------------------------+
+    |   partial prefixes, rewards            |
+    +----------------------------------------+
+
+``execute`` never delivers an event itself: it issues calls (or queues an event) and
+returns; ``run`` pumps queued events one at a time, so the controller is never
+re-entered.  This module knows no Ray: the backend (``runtime/backend.py``) carries the
+calls, which is what lets the fast suite run every policy through this code on fakes.
+Rollout calls live in ``rollout_driver.py``, training steps in ``train_driver.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bidirl.controller.actions import AssignGroups, Lend, Reclaim, StartTrainStep, SyncWeights
+from bidirl.controller.events import (
+    DeviceLent,
+    DeviceReclaimed,
+    Started,
+    WeightsSynced,
+)
+from bidirl.controller.state import UnitStatus
+from bidirl.core.ledger import Role
+from bidirl.core.timeline import Activity
+from bidirl.frame.device_time import Recorder
+from bidirl.frame.hosting import Hosting
+from bidirl.frame.pump import EventPump
+from bidirl.runtime.calls import CallBook
+from bidirl.runtime.group_store import GroupStore
+from bidirl.runtime.rollout_driver import RolloutDriver
+from bidirl.runtime.train_driver import TrainDriver
+
+
+@dataclass
+class Job:
+    """What the run generates and trains: data, reward, role arguments, resume offsets."""
+
+    store: GroupStore
+    new_group: Callable[[int], None]  # create group ``gid`` (global id) in the store
+    reward_fn: Callable
+    decode: Callable[[list[int]], str]
+    rollout_kwargs: dict
+    trainer_kwargs: dict  # model_dir, config: what an auxiliary trainer is brought up with
+    group_offset: int = 0  # resume: controller ids are local, the store's are global
+    version_offset: int = 0
+
+
+@dataclass
+class Layout:
+    """Which device each unit lives on, and which devices are the primary trainer."""
+
+    unit_device: Callable[[int], int]
+    train_devices: list[int]
+    pools: dict[int, str] = field(default_factory=dict)  # device -> owner pool
+
+
+class DeviceExecutor:
+    """The ``Runtime`` protocol over a ``Backend`` (see the module docstring)."""
+
+    def __init__(self, controller, backend, job: Job, layout: Layout) -> None:
+        self.controller, self.spec, self.backend = controller, controller.state.spec, backend
+        self.job, self.layout = job, layout
+        spec = self.spec
+        if not layout.pools:
+            layout.pools = {layout.unit_device(u): "rollout" for u in range(spec.n_replicas)}
+            layout.pools.update({d: "train" for d in layout.train_devices})
+        self.pump = EventPump(controller)
+        self.hosting = Hosting(spec.n_replicas, spec.n_units)
+        self.calls = CallBook(backend, layout.pools)
+        self.clock = Recorder(layout.pools, keep=True)
+        self._device_unit = {layout.unit_device(u): u for u in range(spec.n_units)}
+        self.version = job.version_offset  # the primary trainer's newest version
+        self.aux_version: dict[int, int] = {}  # device -> version its auxiliary trainer holds
+        self.switching: dict[int, str] = {}  # device -> what it is switching through
+        self.last_work_s: dict[int, float] = {}  # device -> its longest last piece of work
+        self.switches: list[tuple[str, float]] = []  # (kind, seconds), measured
+        self.reclaim_waits: list[dict] = []
+        self.lost_devices: list[tuple[int, float]] = []
+        self.on_step: Callable | None = None  # the reporter's hook, per finished step
+        self.rollout = RolloutDriver(self)
+        self.trainer = TrainDriver(self)
+
+    # -- Runtime protocol -------------------------------------------------------------
+    def now(self) -> float:
+        return self.backend.now()
+
+    def execute(self, action) -> None:
+        {AssignGroups: self.rollout.assign, StartTrainStep: self.trainer.start, SyncWeights: self._sync,
+         Lend: self._lend, Reclaim: self._reclaim}[type(action)](action)
+
+    @property
+    def steps(self) -> dict:
+        return self.trainer.records
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        self.pump.deliver(Started())
+        while True:
+            self.pump.pump()
+            self._refresh_clock()
+            if self.controller.finished or should_stop():
+                return
+            if not self.calls:
+                st = self.controller.state
+                raise RuntimeError(
+                    f"runtime stalled: nothing in flight and the run is not finished (next step {st.next_step}, "
+                    f"phase {st.phase.value}, running groups {st.running}, done per batch {st.done[:8]})")
+            if not self.calls.dispatch(5.0, self._device_lost):
+                time.sleep(0.001)
+            self._refresh_clock()
+
+    def finish(self) -> list:
+        """Close every device's last interval; the run's intervals, by device and time."""
+        self.clock.finish(self.now())
+        return self.clock.sorted_intervals()
+
+    # -- helpers the drivers share ------------------------------------------------------
+    def deliver(self, event) -> None:
+        self.pump.deliver(event)
+
+    def primary_weights(self):
+        return self.backend.submit(self.layout.train_devices[0], "call", "train", "weights")
+
+    def unit_device(self, u: int) -> int:
+        return self.layout.unit_device(u)
+
+    def call_now(self, device: int, method: str, *args, **kwargs) -> Any:
+        """A call the driver waits for (checkpoints): queued behind the device's others."""
+        return self.backend.get(self.backend.submit(device, method, *args, **kwargs))
+
+    # -- weights ------------------------------------------------------------------------
+    def _sync(self, a: SyncWeights) -> None:
+        t_start = self.now()
+        w = self.primary_weights()
+        targets = [u for u in range(self.spec.n_units) if self.hosting.serves_rollout(u)]
+        version = a.version + self.job.version_offset
+        pending = {"n": len(targets)}
+
+        def done(_):
+            pending["n"] -= 1
+            if pending["n"] == 0:
+                self.version = version
+                self.deliver(WeightsSynced(a.version, self.now() - t_start))
+
+        if not targets:
+            self.version = version
+            self.deliver(WeightsSynced(a.version, 0.0))
+        for u in targets:
+            self.rollout.version[u] = version
+            self.calls.issue(self.unit_device(u), done, ("rollout", "weight sync"), "call",
+                             "rollout", "update_weights", w, version, on_lost=lambda: done(None))
+
+    # -- borrowing ----------------------------------------------------------------------
+    def _lend(self, a: Lend) -> None:
+        u, dev = a.unit, self.unit_device(a.unit)
+        kind = self.hosting.begin_lend(u, a.role, a.colocated)
+        role = "rollout" if a.role is Role.ROLLOUT else "aux_train"
+        job = self.job
+        kwargs = dict(job.rollout_kwargs) if role == "rollout" else {
+            "model_dir": job.trainer_kwargs["model_dir"], "config": job.trainer_kwargs.get("config")}
+        version = self.version
+        kwargs.update(weights=[self.primary_weights()], version=version)  # fetched inside the timed C_in
+        self.switching[dev] = "C_in"
+
+        def done(seconds: float) -> None:
+            self.switching.pop(dev, None)
+            if role == "rollout":
+                self.rollout.version[u] = version
+            else:  # the version its weights were fetched at, not today's
+                self.aux_version[dev] = version
+            self.switches.append((f"{kind}.c_in", seconds))
+            reclaim_waiting = self.hosting.lent(u)
+            self.deliver(DeviceLent(u, a.role, seconds))
+            if reclaim_waiting:
+                self._release(u)
+
+        self.calls.issue(dev, done, None, "host", role, **kwargs)
+
+    def _reclaim(self, a: Reclaim) -> None:
+        if self.hosting.begin_reclaim(a.unit):
+            self._release(a.unit)
+
+    def _release(self, u: int) -> None:
+        dev, role_enum, kind = self.unit_device(u), self.hosting.role[u], self.hosting.kind(u)
+        role = "rollout" if role_enum is Role.ROLLOUT else "aux_train"
+        t_issue = self.now()
+        self.switching[dev] = "C_out"
+
+        def done(out) -> None:
+            seconds, partials = out
+            self.reclaim_waits.append({
+                "unit": u, "role": role, "wait_s": max(0.0, self.now() - t_issue - seconds), "c_out_s": seconds,
+                "last_work_s": self.last_work_s.get(dev, 0.0)})
+            self.switching.pop(dev, None)
+            self.hosting.reclaimed(u)
+            self.switches.append((f"{kind}.c_out", seconds))
+            if u < self.spec.n_replicas:  # back to its native role, which stayed resident
+                self.rollout.catch_up(u)
+            if role == "rollout":
+                self.rollout.reclaimed(u, partials or [])
+            self.deliver(DeviceReclaimed(u, role_enum, seconds))
+
+        self.calls.issue(dev, done, None, "release", role)
+
+    # -- faults ---------------------------------------------------------------------------
+    def _device_lost(self, dev: int, handlers: list[Callable[[], None]]) -> None:
+        """A device's worker died: redo its work elsewhere, restart it in its own pool's role.
+
+        Only rollout-pool devices can be lost and recovered: their native role (a replica)
+        holds no state that the run needs.  The primary trainer's devices hold the
+        optimizer; losing one ends the run, and ``--resume`` restarts from the checkpoint.
+        """
+        if self.layout.pools[dev] == "train":
+            raise RuntimeError(f"device {dev} (primary trainer) died; resume from the last checkpoint "
+                               "with: bidirl train --resume RUN_DIR")
+        u = self._device_unit[dev]
+        self.lost_devices.append((dev, self.now()))
+        print(f"[bidirl] device {dev} (unit {u}) died; redoing its work and restarting it", file=sys.stderr)
+        self.backend.restart(dev)
+        self.switching[dev] = "restart"  # shown as switching until the replica is back
+        self.calls.issue(dev, lambda _: self.switching.pop(dev, None), None, "host", "rollout",
+                         **{**self.job.rollout_kwargs, "weights": [self.primary_weights()],
+                            "version": self.version})
+        self.rollout.version[u] = self.version
+        self.aux_version.pop(dev, None)
+        was = self.hosting.status[u]
+        role = self.hosting.lost(u)
+        for h in handlers:
+            h()
+        if role is not None:  # it was (being) lent or reclaimed: it is home now
+            if was is UnitStatus.LENDING:
+                self.deliver(DeviceLent(u, role, 0.0))
+            self.deliver(DeviceReclaimed(u, role, 0.0))
+        self.rollout.lost(u)
+
+    # -- device time ----------------------------------------------------------------------
+    def _refresh_clock(self) -> None:
+        t = self.now()
+        for dev, pool in self.layout.pools.items():
+            u = self._device_unit.get(dev)
+            role = self.hosting.current_role(u).value if u is not None else pool
+            borrowed = role != pool and not (pool == "rollout" and role == "rollout")
+            busy = self.calls.label(dev)
+            if dev in self.switching:
+                self.clock.set((dev,), t, Activity.SWITCHING, role, self.switching[dev], borrowed)
+            elif busy is not None:
+                self.clock.set((dev,), t, Activity.BUSY, busy[0], busy[1], borrowed)
+            else:
+                replica = pool == "rollout" or role == "rollout"
+                cause = self.controller.idle_cause(u if replica else None)
+                self.clock.set((dev,), t, Activity.IDLE, role, cause, borrowed)

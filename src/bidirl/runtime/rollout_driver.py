@@ -1,0 +1,115 @@
+"""The executor's rollout side: groups onto replicas, engine runs, completions, hand-backs.
+
+A replica's engine is driven by ``run(budget)`` calls: one is in flight per replica while
+it has responses; each returns the responses that finished and the decode/prefill
+measurements, which become ``GroupsCompleted`` and ``StageMeasured`` events.  A borrowed
+replica runs one decode step per call, so a reclaim waits for at most one step.
+"""
+
+from __future__ import annotations
+
+from bidirl.controller.actions import AssignGroups
+from bidirl.controller.events import GroupsCompleted, GroupsInterrupted, StageMeasured
+from bidirl.core.ledger import Role
+
+BORROWED_RUN_BUDGET_S = 0.0  # a lent replica runs one step per call: a reclaim waits <= 1 step
+HOME_RUN_BUDGET_S = 0.25
+
+
+class RolloutDriver:
+    def __init__(self, ex) -> None:
+        self.ex = ex
+        n = ex.spec.n_units
+        self.version = {u: ex.job.version_offset for u in range(ex.spec.n_replicas)}  # weights each holds
+        self.running = [0] * n  # responses live on the unit's engine
+        self.run_handle: list = [None] * n  # the run call in flight
+        self.after_run = [0] * n  # responses submitted behind that run call
+        self.groups: list[set[int]] = [set() for _ in range(n)]  # global ids of its groups
+
+    def assign(self, a: AssignGroups) -> None:
+        ex, u = self.ex, a.replica
+        store, goff = ex.job.store, ex.job.group_offset
+        reqs = []
+        for gid in a.group_ids:
+            g = gid + goff
+            if g not in store.groups:
+                ex.job.new_group(g)
+            self.groups[u].add(g)
+            if store.groups[g].complete:  # restored from a checkpoint
+                ex.deliver(self._completed(u, [g]))
+                continue
+            reqs += store.requests_for(g)
+        if reqs:
+            ex.calls.issue(ex.unit_device(u), lambda _: None, None, "call", "rollout", "submit", reqs)
+            self.running[u] += len(reqs)
+            if self.run_handle[u] is not None:  # queued behind the run call in flight
+                self.after_run[u] += len(reqs)
+            self.ensure_run(u)
+
+    def ensure_run(self, u: int) -> None:
+        ex = self.ex
+        if self.run_handle[u] is not None or not self.running[u] or not ex.hosting.serves_rollout(u):
+            return
+        budget = HOME_RUN_BUDGET_S if u < ex.spec.n_replicas else BORROWED_RUN_BUDGET_S
+        self.after_run[u] = 0
+        self.run_handle[u] = ex.calls.issue(ex.unit_device(u), lambda out: self._on_run(u, out),
+                                            ("rollout", "rollout"), "call", "rollout", "run", budget)
+
+    def _on_run(self, u: int, out: dict) -> None:
+        ex = self.ex
+        self.run_handle[u] = None
+        # Requests submitted after this run call was issued were not counted by it.
+        self.running[u] = out["running"] + self.after_run[u]
+        self.after_run[u] = 0
+        done = [g for g in ex.job.store.absorb_finished(out["finished"]) if g in self.groups[u]]
+        if done:
+            ex.deliver(self._completed(u, done))
+        for tokens, secs in out.get("prefills", []):
+            ex.deliver(StageMeasured("prefill", (1.0, float(tokens)), secs))
+        m = out["measurements"]
+        if m:
+            ex.last_work_s[ex.unit_device(u)] = max(x for _, _, x in m)
+            ex.deliver(StageMeasured(
+                "decode", (float(len(m)), float(sum(b for b, _, _ in m)), float(sum(c for _, c, _ in m))),
+                sum(s for _, _, s in m)))
+        self.ensure_run(u)
+
+    def _completed(self, u: int, gids: list[int]) -> GroupsCompleted:
+        store = self.ex.job.store
+        for g in gids:
+            self.groups[u].discard(g)
+        lengths = tuple(tuple(len(store.groups[g].done[i].token_ids) for i in range(store.n)) for g in gids)
+        return GroupsCompleted(u, tuple(g - self.ex.job.group_offset for g in gids), lengths)
+
+    def catch_up(self, u: int) -> None:
+        """A replica home from lending: load the newest weights if it missed a sync."""
+        ex = self.ex
+        if self.version.get(u, ex.job.version_offset) != ex.version:
+            dev = ex.unit_device(u)
+            ex.calls.issue(dev, lambda _: None, ("rollout", "weight sync"), "call", "rollout",
+                           "update_weights", ex.primary_weights(), ex.version)
+            self.version[u] = ex.version
+
+    def reclaimed(self, u: int, partials: list) -> None:
+        """A borrowed replica was released: its partial prefixes go back to the queue."""
+        self.ex.job.store.absorb_partials(partials)
+        self._hand_back(u)
+
+    def lost(self, u: int) -> None:
+        """The unit's device died: its groups resume from the last prefixes the store holds."""
+        self._hand_back(u)
+
+    def _hand_back(self, u: int) -> None:
+        ex, store = self.ex, self.ex.job.store
+        self.running[u], self.run_handle[u], self.after_run[u] = 0, None, 0
+        gids = sorted(g for g in self.groups[u] if not store.groups[g].complete)
+        self.groups[u].clear()
+        if gids:
+            ex.deliver(GroupsInterrupted(
+                u, tuple(g - ex.job.group_offset for g in gids), tuple(store.versions(g)[2] for g in gids),
+                tuple(store.n - len(store.groups[g].done) for g in gids)))
+
+    def serving(self) -> list[int]:
+        """Units whose role is a rollout replica now (checkpoints snapshot their engines)."""
+        hosting = self.ex.hosting
+        return [u for u in range(self.ex.spec.n_units) if hosting.current_role(u) is Role.ROLLOUT]

@@ -1,0 +1,81 @@
+"""Run the real runtime's executor on the fake device backend: one call, one ``FakeRun``."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from fake_devices import Costs, FakeBackend, KillFirstAuxTrainer
+
+from bidirl.controller.cluster import ClusterSpec
+from bidirl.controller.loop import Controller
+from bidirl.policy import make_policy
+from bidirl.runtime.executor import DeviceExecutor, Job, Layout
+from bidirl.runtime.group_store import GroupStore
+
+
+@dataclass
+class FakeRun:
+    executor: DeviceExecutor
+    backend: FakeBackend
+    spec: ClusterSpec
+    intervals: list
+    trained: Counter = field(default_factory=Counter)  # group -> times trained
+    staleness: dict = field(default_factory=dict)  # group -> version gap at training
+    responses: dict = field(default_factory=dict)  # (group, index) -> ResponseResult trained
+
+
+def spec_for(rollout: int, train: int, *, steps: int, prompts: int, group_size: int, max_new: int,
+             staleness: int, cap: int = 16, prompt_tokens: int = 6) -> ClusterSpec:
+    """The spec ``runtime/placement.build_spec`` builds for this cluster (one device a unit)."""
+    return ClusterSpec(
+        hardware="cpu-core", model="tiny-qwen2", devices=rollout + train,
+        replica_devices=tuple((d,) for d in range(rollout)),
+        train_devices=tuple(range(rollout, rollout + train)),
+        train_units=tuple((d,) for d in range(rollout, rollout + train)),
+        rollout_tp=1, train_dp=train, train_tp=1, train_spans_nodes=False, replica_cap=cap,
+        groups_per_step=prompts, group_size=group_size, prompt_tokens=prompt_tokens,
+        staleness=staleness, steps=steps, micro_batch_tokens=2 * (prompt_tokens + max_new // 2),
+        max_response_tokens=max_new, devices_per_node=rollout + train, prior_scale=1.0)
+
+
+def reward(data_source, solution_str, ground_truth, extra_info=None) -> float:
+    return (len(solution_str) % 5) / 4.0
+
+
+def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, prompts: int = 4,
+             group_size: int = 4, max_new: int = 48, staleness: int = 1, costs: Costs | None = None,
+             kill_aux_at_step: int | None = None) -> FakeRun:
+    spec = spec_for(rollout, train, steps=steps, prompts=prompts, group_size=group_size, max_new=max_new,
+                    staleness=staleness)
+    backend = FakeBackend(list(range(spec.devices)), costs)
+    wrapped = backend if kill_aux_at_step is None else KillFirstAuxTrainer(backend, rollout, kill_aux_at_step)
+    for d in spec.train_devices:
+        backend.submit(d, "host", "train", dp_rank=d - rollout, dp_world=train)
+    for d in range(rollout):
+        backend.submit(d, "host", "rollout")
+    store = GroupStore(group_size, max_new, 1.0, seed=0)
+
+    def new_group(g: int) -> None:
+        store.add(g, f"p{g}", [1, 2, 3, 4, 5, 6], "fake", "x")
+
+    controller = Controller(spec, make_policy(policy))
+    job = Job(store, new_group, reward, lambda ids: " ".join(map(str, ids)), rollout_kwargs={},
+              trainer_kwargs={"model_dir": "fake"})
+    ex = DeviceExecutor(controller, wrapped, job, Layout(lambda u: spec.unit_devices(u)[0],
+                                                         list(spec.train_devices)))
+    controller.bind(ex)
+    out = FakeRun(ex, backend, spec, [])
+
+    def on_step(rec) -> None:  # what the reporter does: the ledger, then the store lets go
+        for g, st in zip(rec.group_ids, rec.staleness):
+            out.trained[g] += 1
+            out.staleness[g] = st
+            for i, r in store.groups[g].done.items():
+                out.responses[(g, i)] = r
+            store.pop(g)
+
+    ex.on_step = on_step
+    ex.run()
+    out.intervals = ex.finish()
+    return out
