@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from bidirl.sim.result import POLICIES
+from bidirl.policy import policy_names
 
 
 class UserError(Exception):
@@ -91,10 +91,11 @@ def _simulate_grid(args: argparse.Namespace) -> int:
     if args.grid != "paper":
         raise UserError(f"--grid: unknown grid {args.grid!r}; allowed: paper")
     scenarios = grid.paper_grid(steps=args.steps or 12, seed=args.seed or 0)
-    policies = args.policies.split(",") if args.policies else list(POLICIES)
-    bad = [p for p in policies if p not in POLICIES]
+    known = policy_names()
+    policies = args.policies.split(",") if args.policies else known
+    bad = [p for p in policies if p not in known]
     if bad:
-        raise UserError(f"--policies: unknown {bad}; allowed: {', '.join(POLICIES)}")
+        raise UserError(f"--policies: unknown {bad}; allowed: {', '.join(known)}")
     rows = grid.run_grid(scenarios, policies, progress=_progress)
     print(grid.format_table(rows, policies))
     summary = grid.summarize(rows)
@@ -134,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("simulate", help="simulate a policy on a scenario (or a grid)")
     s.add_argument("--scenario", default="default", help="built-in name or path to a .yaml")
-    s.add_argument("--policy", default="bidirl", choices=POLICIES)
+    s.add_argument("--policy", default="bidirl", choices=policy_names())
     s.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--json", help="write the figures as JSON here")
