@@ -161,7 +161,7 @@ def _value(f: dataclasses.Field, tp: Any, value: Any, path: str, err: type[Excep
     value = _leaf(value, base, path, err)
     allowed = _choices(f, base)
     if allowed is not None and value not in allowed:
-        raise err(f"{path}: must be one of {', '.join(map(str, allowed))}; got {value!r}")
+        raise err(f"{path}: must be one of {', '.join(map(str, allowed))}, got {value!r}")
     rng = _range_text(f.metadata)
     if rng and isinstance(value, (int, float)) and not _in_range(value, f.metadata):
         raise err(f"{path}: must be {rng}, got {value!r}")
