@@ -153,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json")
     pl.set_defaults(func=cmd_plan)
 
-    t = sub.add_parser("train", help="run GRPO for real (default: tiny model on local CPU)")
+    from bidirl.runtime.config import help_text  # torch-free: only the typed config
+
+    t = sub.add_parser("train", help="run GRPO for real (default: tiny model on local CPU)",
+                       epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", help="YAML config file")
     t.add_argument("--resume", help="run directory to resume from")
     t.add_argument("--ray-address", help="join an existing Ray cluster instead")

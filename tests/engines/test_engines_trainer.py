@@ -136,7 +136,7 @@ def test_save_pretrained_loads_as_hf(tiny_model_dir, tmp_path):
 
 
 def test_config_validation_names_the_field():
-    with pytest.raises(ValueError, match=r"TrainerConfig.lr=0.*> 0"):
+    with pytest.raises(ValueError, match=r"TrainerConfig.lr: must be in \(0, 1\), got 0"):
         TrainerConfig(lr=0)
     with pytest.raises(ValueError, match="clip_eps_low"):
         TrainerConfig(clip_eps_low=1.5)

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from dataclasses import MISSING, field
 from typing import Any, Literal, Union
 
-__all__ = ["FieldError", "option", "section", "build", "set_path", "describe", "as_dict",
-           "format_fields"]
+__all__ = ["FieldError", "option", "section", "build", "check_fields", "set_path", "describe",
+           "as_dict", "format_fields"]
 
 
 class FieldError(ValueError):
@@ -185,6 +185,27 @@ def build(cls: type, data: Any, path: str = "", err: type[Exception] = FieldErro
     return cls(**kwargs)
 
 
+def check_fields(obj: Any, path: str | None = None, err: type[Exception] = FieldError) -> None:
+    """Check the choices and ranges of an instance built in code (call from ``__post_init__``).
+
+    ``build`` already checks what it builds; this catches ``Config(lr=0)`` written
+    directly.  Errors name ``ClassName.field`` unless ``path`` is given.
+    """
+    prefix = f"{type(obj).__name__ if path is None else path}."
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        base, _ = _split_optional(hints[f.name])
+        value = getattr(obj, f.name)
+        if value is None or dataclasses.is_dataclass(base):
+            continue
+        allowed = _choices(f, base)
+        if allowed is not None and value not in allowed:
+            raise err(f"{prefix}{f.name}: must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        rng = _range_text(f.metadata)
+        if rng and isinstance(value, (int, float)) and not _in_range(value, f.metadata):
+            raise err(f"{prefix}{f.name}: must be {rng}, got {value!r}")
+
+
 def set_path(cls: type, data: dict, dotted: str, value: Any, err: type[Exception] = FieldError) -> None:
     """Put ``value`` at ``dotted`` (``a.b.c``) in the mapping ``data`` for config ``cls``.
 
@@ -236,9 +257,9 @@ def describe(cls: type, path: str = "") -> Iterator[tuple[str, str, Any, str]]:
         rng = _range_text(f.metadata)
         if rng:
             doc = f"{doc} ({rng})" if doc else rng
-        c = f.metadata.get("choices")
-        if c is not None:
-            doc = f"{doc} (one of {', '.join(map(str, c() if callable(c) else c))})"
+        allowed = _choices(f, base)
+        if allowed is not None:
+            doc = f"{doc} (one of {', '.join(map(str, allowed))})"
         yield name, _type_name(tp), default, doc
 
 
