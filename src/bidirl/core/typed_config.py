@@ -122,6 +122,11 @@ def _leaf(value: Any, tp: Any, path: str, err: type[Exception]) -> Any:
             raise err(f"{path}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads ``1e-4`` (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise err(f"{path}: expected a number, got {value!r}")
         return float(value)
