@@ -48,6 +48,9 @@ def trainer_wire(cfg: TrainerConfig, device: str, seed: int) -> dict[str, Any]:
 
 def from_wire(wire: dict[str, Any], threads: int | None = None) -> tuple[TrainerConfig, str, int]:
     """``trainer_wire``'s inverse; ``threads`` (the worker's own setting) wins if given."""
+    unknown = sorted(set(wire) - {"config", "device", "seed"})
+    if unknown:  # e.g. a flat {"lr": ...}: silently dropping it would train with defaults
+        raise ValueError(f"trainer wire: unknown keys {unknown}; build it with trainer_wire(...)")
     data = dict(wire.get("config", {}))
     if threads is not None:
         data["threads"] = threads
