@@ -20,8 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bidirl.policy import policy_names
+
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ("sync", "one-step-off", "async", "roll-borrow", "train-borrow", "bidirl-opportunistic", "bidirl")
+POLICIES = tuple(policy_names())
 WORKLOAD = ["rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=64",
             "data.task=copy", "trainer.micro_batch_size=8"]
 

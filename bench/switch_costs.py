@@ -45,6 +45,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from bidirl.algo.tiny_model import build_tiny_model
+    from bidirl.engines.trainer_config import TrainerConfig, trainer_wire
     from bidirl.runtime.cluster import ray_session
     from bidirl.runtime.worker import worker_class
 
@@ -56,7 +57,8 @@ def main() -> int:
     with ray_session(num_cpus=2) as ray:
         cls = worker_class(num_cpus=1, num_gpus=0.5 if gpu else 0)
         trainer_dev, rollout_dev = cls.remote(1, "train"), cls.remote(0, "rollout")
-        ray.get([trainer_dev.host.remote("train", model_dir=model, config={"lr": 1e-4}),
+        wire = trainer_wire(TrainerConfig(lr=1e-4), device="cpu", seed=0)
+        ray.get([trainer_dev.host.remote("train", model_dir=model, config=wire),
                  rollout_dev.host.remote("rollout", **roll_kw)])
         print("[bench] workers up; measuring Rollouter-on-TrainPool", file=sys.stderr)
         rot = {"c_in_cold_s": None, "c_in_s": [], "c_out_s": [], "aborted_requests": []}
@@ -82,7 +84,7 @@ def main() -> int:
         for r in range(args.rounds + 1):
             w = trainer_dev.call.remote("train", "weights")
             version = ray.get(trainer_dev.call.remote("train", "get_version"))
-            c_in = ray.get(rollout_dev.host.remote("aux_train", model_dir=model, config={"lr": 1e-4},
+            c_in = ray.get(rollout_dev.host.remote("aux_train", model_dir=model, config=wire,
                                                    weights=[w], version=version))
             own = trainer_dev.call.options(num_returns=2).remote("train", "compute_chunk_ref", mbs[:1], total)[0]
             aux = rollout_dev.call.options(num_returns=2).remote("aux_train", "compute_chunk_ref", mbs[1:], total)[0]

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from bidirl.sim.result import POLICIES
+from bidirl.policy import policy_names
 
 
 class UserError(Exception):
@@ -91,10 +91,11 @@ def _simulate_grid(args: argparse.Namespace) -> int:
     if args.grid != "paper":
         raise UserError(f"--grid: unknown grid {args.grid!r}; allowed: paper")
     scenarios = grid.paper_grid(steps=args.steps or 12, seed=args.seed or 0)
-    policies = args.policies.split(",") if args.policies else list(POLICIES)
-    bad = [p for p in policies if p not in POLICIES]
+    known = policy_names()
+    policies = args.policies.split(",") if args.policies else known
+    bad = [p for p in policies if p not in known]
     if bad:
-        raise UserError(f"--policies: unknown {bad}; allowed: {', '.join(POLICIES)}")
+        raise UserError(f"--policies: unknown {bad}; allowed: {', '.join(known)}")
     rows = grid.run_grid(scenarios, policies, progress=_progress)
     print(grid.format_table(rows, policies))
     summary = grid.summarize(rows)
@@ -134,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("simulate", help="simulate a policy on a scenario (or a grid)")
     s.add_argument("--scenario", default="default", help="built-in name or path to a .yaml")
-    s.add_argument("--policy", default="bidirl", choices=POLICIES)
+    s.add_argument("--policy", default="bidirl", choices=policy_names())
     s.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--json", help="write the figures as JSON here")
@@ -152,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json")
     pl.set_defaults(func=cmd_plan)
 
-    t = sub.add_parser("train", help="run GRPO for real (default: tiny model on local CPU)")
+    from bidirl.runtime.config import help_text  # torch-free: only the typed config
+
+    t = sub.add_parser("train", help="run GRPO for real (default: tiny model on local CPU)",
+                       epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", help="YAML config file")
     t.add_argument("--resume", help="run directory to resume from")
     t.add_argument("--ray-address", help="join an existing Ray cluster instead")

@@ -136,7 +136,7 @@ def test_save_pretrained_loads_as_hf(tiny_model_dir, tmp_path):
 
 
 def test_config_validation_names_the_field():
-    with pytest.raises(ValueError, match=r"TrainerConfig.lr=0.*> 0"):
+    with pytest.raises(ValueError, match=r"TrainerConfig.lr: must be in \(0, 1\), got 0"):
         TrainerConfig(lr=0)
     with pytest.raises(ValueError, match="clip_eps_low"):
         TrainerConfig(clip_eps_low=1.5)
@@ -195,3 +195,14 @@ def test_stale_chunks_are_refused(tiny_model_dir):
     tr.train_step([samples])
     with pytest.raises(ValueError, match="version"):
         tr.apply_grads([chunk])
+
+
+def test_trainer_role_builds_the_trainer_from_the_train_config(tiny_model_dir):
+    from bidirl.engines.trainer_config import trainer_wire
+    from bidirl.runtime.config import load_config
+    from bidirl.runtime.trainer_role import TrainerRole
+
+    cfg = load_config(None, ["trainer.lr=2e-3"])
+    role = TrainerRole(str(tiny_model_dir), trainer_wire(cfg.trainer, "cpu", 0), threads=1)
+    assert role.trainer.config == cfg.trainer and role.trainer.device == "cpu"
+    assert role.trainer.optimizer.param_groups[0]["lr"] == 2e-3

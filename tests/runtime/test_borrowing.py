@@ -42,10 +42,11 @@ def _batches(steps: int, seed: int = 0):
 def test_trainer_on_rollpool_is_bitwise_identical(tiny_model_dir, ray_local):
     import numpy as np
 
+    from bidirl.engines.trainer_config import TrainerConfig, trainer_wire
     from bidirl.runtime.worker import worker_class
 
     cls = worker_class()
-    cfg = {"lr": 1e-3, "seed": 0}
+    cfg = trainer_wire(TrainerConfig(lr=1e-3), device="cpu", seed=0)
     alone, primary, aux = (cls.remote(d, "train" if d < 2 else "rollout") for d in range(3))
     ray_local.get([w.host.remote("train", model_dir=tiny_model_dir, config=cfg) for w in (alone, primary)]
                   + [aux.host.remote("aux_train", model_dir=tiny_model_dir, config=cfg)])

@@ -47,3 +47,32 @@ def test_missing_and_malformed_files(tmp_path):
     top.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(str(top))
+
+
+def test_the_trainer_section_is_the_torch_trainers_config():
+    from bidirl.engines.trainer_config import TrainerConfig, from_wire, trainer_wire
+
+    c = load_config(None, ["trainer.lr=3e-4", "trainer.betas=[0.8, 0.95]"])
+    assert type(c.trainer) is TrainerConfig
+    # What the default run used before the two configs were merged.
+    d = load_config().trainer
+    assert (d.lr, d.clip_eps_low, d.clip_eps_high, d.max_grad_norm) == (1e-3, 0.2, 0.28, 1.0)
+    cfg, device, seed = from_wire(trainer_wire(c.trainer, device="cpu", seed=7), threads=2)
+    assert cfg == TrainerConfig(lr=3e-4, betas=(0.8, 0.95), threads=2) and (device, seed) == ("cpu", 7)
+
+
+def test_written_config_loads_back(tmp_path):
+    import yaml
+
+    c = load_config(None, ["scheduler.policy=async", "data.files=", "trainer.max_grad_norm=null"])
+    p = tmp_path / "config.yaml"
+    p.write_text(yaml.safe_dump(c.to_dict(), sort_keys=False))
+    assert load_config(str(p)) == c
+
+
+def test_help_lists_every_field_with_its_doc():
+    from bidirl.runtime.config import help_text
+
+    text = help_text()
+    assert "rollout.max_num_seqs = 128" in text and "vLLM's concurrent sequences" in text
+    assert "scheduler.policy = 'bidirl'" in text and "one-step-off" in text

@@ -16,6 +16,7 @@ from scenario_strategies import build, busy_scenarios, small_scenarios
 
 from bidirl.obs.accounting import check_conservation
 from bidirl.policy import policy_names
+from bidirl.policy.base import policy_class
 from bidirl.sim.run import simulate
 
 POLICIES = policy_names()
@@ -33,7 +34,8 @@ def _check_run(sc, policy):
     total = sum(sum(v.values()) for v in r.extra["pool_seconds"].values())
     assert total == pytest.approx(sc.devices * r.wall_s, rel=1e-9)
     assert 0 < r.efficiency <= 1.05  # <= 1 up to timing noise
-    if policy in ("sync", "one-step-off", "async"):
+    cls = policy_class(policy)
+    if not (cls.lends_train_devices or cls.lends_rollout_devices):
         assert r.borrows == {"roll_on_train": 0, "train_on_roll": 0}
     if policy == "sync":
         assert r.staleness["max"] == 0

@@ -126,33 +126,11 @@ class ClusterState:
         fresh = max(0, (last + 1) * s.groups_per_step - self.next_fresh)
         return fresh + sum(self.partial_in_batch[self.next_step: last + 1])
 
-    def running_groups(self, through_batch: int) -> int:
-        """Groups of batches <= ``through_batch`` generating now."""
-        last = min(through_batch, self.spec.steps - 1)
-        return sum(self.started[b] - self.done[b] - self.partial_in_batch[b]
-                   for b in range(self.next_step, last + 1))
-
-    def lent_units(self, pool: Pool) -> list[int]:
-        """Units of ``pool`` that are not home (lending, lent or reclaiming)."""
-        ids = range(self.spec.n_replicas) if pool is Pool.ROLLOUT else self.spec.train_unit_ids()
-        return [u for u in ids if self.status[u] is not UnitStatus.HOME]
-
     def trainer_home(self) -> bool:
         return self.away[Pool.TRAIN] == 0
 
     def home_replicas(self) -> int:
         return self.spec.n_replicas - self.away[Pool.ROLLOUT]
-
-    def pick_replica(self) -> int | None:
-        """The least-loaded unit that accepts groups and has room for one more group."""
-        cap, need, heap = self.spec.replica_cap, self.spec.group_size, self._heap
-        while heap:
-            load, u = heap[0]
-            if not self.accepting[u] or load != self.load[u] or u in self.draining:
-                heapq.heappop(heap)
-                continue
-            return u if (load + need <= cap or load == 0) else None
-        return None
 
     def next_group(self, unit: int, limit_batch: int) -> int | None:
         """The next group (partial first, then fresh in id order) admissible on ``unit``."""
@@ -183,9 +161,9 @@ class ClusterState:
     def plan_fill(self, limit_batch: int) -> dict[int, list[int]]:
         """Where the queue's head goes now: unit -> group ids, in queue order.
 
-        The greedy of ``pick_replica`` + ``next_group`` run to exhaustion: each group goes
-        to the least-loaded accepting unit with room for a whole group, while that unit
-        may start it (batch <= ``limit_batch`` and within staleness of its version).  While
+        A greedy run to exhaustion: each group goes to the least-loaded accepting unit
+        with room for a whole group, while that unit may start it (batch <=
+        ``limit_batch`` and ``core.staleness.may_start`` at the unit's version).  While
         replicas are on their way home (``returning``) the room stops at ``_fill_level``,
         so the first replica back does not take the whole queue from its peers.  The
         result must be committed (one ``AssignGroups`` per unit, any order) before the state
@@ -219,7 +197,7 @@ class ClusterState:
             else:
                 break
             b = gid // gps
-            if b > limit_batch or b - version[u] > bound:
+            if b > limit_batch or not may_start(b, version[u], bound):
                 break
             if resumed:
                 pop(partial)

@@ -77,15 +77,6 @@ class DeviceLedger:
                 ledger.devices[d] = DeviceRecord(d, pool, d // devices_per_node, NATIVE_ROLE[pool])
         return ledger
 
-    def pool_of(self, device: int) -> Pool:
-        return self.devices[device].pool
-
-    def role_of(self, device: int) -> Role:
-        return self.devices[device].role
-
-    def in_pool(self, pool: Pool) -> list[int]:
-        return [d for d, r in self.devices.items() if r.pool == pool]
-
     def lent(self, pool: Pool) -> list[int]:
         return [d for d, r in self.devices.items() if r.pool == pool and r.lent]
 

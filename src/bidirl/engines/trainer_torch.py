@@ -30,14 +30,26 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from bidirl.algo.grpo import grpo_loss, token_logprobs
+from bidirl.engines.train_batch import (
+    Collated,
+    GradChunk,
+    Microbatch,
+    TrainSample,
+    collate,
+    count_tokens,
+    make_microbatches,
+)
+from bidirl.engines.trainer_config import TrainerConfig
+
+__all__ = ["GradChunk", "Microbatch", "TorchTrainer", "TrainSample", "TrainerConfig", "collate",
+           "count_tokens", "init_process_group", "make_microbatches", "set_torch_threads"]
 
 _ORIGINAL_SET_NUM_THREADS = torch._C.set_num_threads  # vLLM's CPU worker replaces torch.set_num_threads
 
@@ -45,133 +57,6 @@ _ORIGINAL_SET_NUM_THREADS = torch._C.set_num_threads  # vLLM's CPU worker replac
 def set_torch_threads(n: int) -> None:
     """Set intra-op threads even after vLLM has monkey-patched ``torch.set_num_threads``."""
     _ORIGINAL_SET_NUM_THREADS(int(n))
-
-
-@dataclass(frozen=True)
-class TrainerConfig:
-    lr: float = 1e-4
-    """AdamW learning rate (> 0)."""
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    max_grad_norm: float | None = 1.0
-    """Global grad-norm clip after the DP all-reduce; None disables clipping."""
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    kl_coef: float = 0.0
-    """Weight of the k3 KL to the reference; > 0 needs ``ref_logprobs`` in every sample."""
-    micro_batch_size: int = 8
-    """Sequences per micro-batch when train_step is given a flat list of samples."""
-    num_threads: int | None = 1
-    """torch intra-op threads set at construction; None leaves the process setting alone."""
-    device: str = "cpu"
-    seed: int = 0
-
-    def __post_init__(self):
-        checks = [
-            ("lr", self.lr > 0, "> 0"),
-            ("weight_decay", self.weight_decay >= 0, ">= 0"),
-            ("clip_eps_low", 0 <= self.clip_eps_low < 1, "in [0, 1)"),
-            ("clip_eps_high", self.clip_eps_high >= 0, ">= 0"),
-            ("kl_coef", self.kl_coef >= 0, ">= 0"),
-            ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "> 0 or None"),
-            ("num_threads", self.num_threads is None or self.num_threads >= 1, ">= 1 or None"),
-            ("micro_batch_size", self.micro_batch_size >= 1, ">= 1"),
-        ]
-        for name, ok, allowed in checks:
-            if not ok:
-                raise ValueError(f"TrainerConfig.{name}={getattr(self, name)!r}; allowed: {allowed}")
-
-
-@dataclass(frozen=True)
-class TrainSample:
-    """One response to train on; ``behaviour_logprobs`` come from the engine that sampled it."""
-
-    prompt_ids: Sequence[int]
-    response_ids: Sequence[int]
-    behaviour_logprobs: Sequence[float]
-    advantage: float
-    ref_logprobs: Sequence[float] | None = None
-
-    def __post_init__(self):
-        if len(self.behaviour_logprobs) != len(self.response_ids):
-            raise ValueError(
-                f"behaviour_logprobs has {len(self.behaviour_logprobs)} entries for "
-                f"{len(self.response_ids)} response tokens; they must match"
-            )
-        if not self.prompt_ids:
-            raise ValueError("prompt_ids must not be empty (the first response token needs a context)")
-
-
-Microbatch = Sequence[TrainSample]
-
-
-def make_microbatches(samples: Sequence[TrainSample], micro_batch_size: int) -> list[list[TrainSample]]:
-    """Split samples, in order, into micro-batches of at most ``micro_batch_size``."""
-    if micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size={micro_batch_size}; allowed: >= 1")
-    return [list(samples[i : i + micro_batch_size]) for i in range(0, len(samples), micro_batch_size)]
-
-
-def count_tokens(microbatches: Iterable[Microbatch]) -> int:
-    """Response tokens in these micro-batches: the GRPO loss denominator."""
-    return sum(len(s.response_ids) for mb in microbatches for s in mb)
-
-
-@dataclass
-class GradChunk:
-    """Gradients of a run of consecutive micro-batches, ready to ship to the primary."""
-
-    grads: list[dict[str, np.ndarray]]
-    """Flat fp32 gradients: one dict per micro-batch (per_microbatch) or one pre-summed dict."""
-    num_tokens: int
-    """Response tokens covered by this chunk (information; the loss used the batch total)."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """Loss metrics in "token sum / batch tokens" form: chunk values add up to batch means."""
-    version: int = 0
-    """Weights version the gradients were computed with."""
-
-
-@dataclass
-class _Collated:
-    input_ids_B_L: torch.Tensor
-    attention_mask_B_L: torch.Tensor
-    targets_B_T: torch.Tensor
-    mask_B_T: torch.Tensor
-    old_logp_B_T: torch.Tensor
-    ref_logp_B_T: torch.Tensor | None
-    adv_B: torch.Tensor
-    spans: list[tuple[int, int]]
-    """(first target index, length) of each sample's response in the T axis."""
-
-
-def collate(samples: Microbatch, pad_id: int, device: str = "cpu") -> _Collated:
-    """Right-pad prompt+response sequences; targets are shifted by one (T = L - 1)."""
-    seqs = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
-    L = max(len(q) for q in seqs)
-    B = len(samples)
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attention = torch.zeros((B, L), dtype=torch.long)
-    mask = torch.zeros((B, L - 1), dtype=torch.float32)
-    old = torch.zeros((B, L - 1), dtype=torch.float32)
-    has_ref = all(s.ref_logprobs is not None for s in samples)
-    ref = torch.zeros((B, L - 1), dtype=torch.float32) if has_ref else None
-    spans = []
-    for b, (seq, s) in enumerate(zip(seqs, samples, strict=True)):
-        input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention[b, : len(seq)] = 1
-        start, n = len(s.prompt_ids) - 1, len(s.response_ids)
-        mask[b, start : start + n] = 1.0
-        old[b, start : start + n] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
-        if ref is not None:
-            ref[b, start : start + n] = torch.tensor(s.ref_logprobs, dtype=torch.float32)
-        spans.append((start, n))
-    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    to = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return _Collated(
-        to(input_ids), to(attention), to(input_ids[:, 1:].contiguous()), to(mask), to(old), to(ref),
-        to(adv), spans,
-    )
 
 
 def init_process_group(
@@ -192,16 +77,17 @@ def init_process_group(
 class TorchTrainer:
     """Holds an HF causal LM and its AdamW state; computes and applies GRPO gradients."""
 
-    def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None, process_group=None):
+    def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None, process_group=None,
+                 *, device: str = "cpu", seed: int = 0):
         from transformers import AutoModelForCausalLM
 
         self.config = config or TrainerConfig()
-        if self.config.num_threads is not None:
-            set_torch_threads(self.config.num_threads)
-        torch.manual_seed(self.config.seed)
+        self.device = device
+        set_torch_threads(self.config.threads)
+        torch.manual_seed(seed)
         self.model_dir = Path(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        self.model.to(self.config.device).train()
+        self.model.to(device).train()
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.params = dict(self.model.named_parameters())
         self.optimizer = torch.optim.AdamW(
@@ -213,7 +99,7 @@ class TorchTrainer:
         """Number of optimizer steps applied (the policy version these weights are)."""
 
     # ------------------------------------------------------------------ forward passes
-    def _logp(self, batch: _Collated) -> torch.Tensor:
+    def _logp(self, batch: Collated) -> torch.Tensor:
         logits_B_L_V = self.model(
             input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L, use_cache=False
         ).logits
@@ -224,7 +110,7 @@ class TorchTrainer:
         """Teacher-forced log-probs of each sample's response tokens under the current weights."""
         out = []
         for mb in make_microbatches(samples, micro_batch_size):
-            batch = collate(mb, self.pad_id, self.config.device)
+            batch = collate(mb, self.pad_id, self.device)
             logp_B_T = self._logp(batch).cpu()
             out += [logp_B_T[b, s : s + n].numpy().copy() for b, (s, n) in enumerate(batch.spans)]
         return out
@@ -233,7 +119,7 @@ class TorchTrainer:
     def _microbatch_grads(self, mb: Microbatch, total_tokens: int) -> tuple[dict[str, np.ndarray], dict]:
         for p in self.params.values():
             p.grad = None
-        batch = collate(mb, self.pad_id, self.config.device)
+        batch = collate(mb, self.pad_id, self.device)
         out = grpo_loss(
             self._logp(batch), batch.old_logp_B_T, batch.adv_B, batch.mask_B_T, total_tokens,
             self.config.clip_eps_low, self.config.clip_eps_high, batch.ref_logp_B_T, self.config.kl_coef,

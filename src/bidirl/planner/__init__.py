@@ -3,7 +3,7 @@
 ``planner.plan.plan(scenario)`` returns a ``PlanResult``; ``scenario_with_envelope``
 applies its envelope.  The entry points live in the ``plan`` module (not re-exported
 here, so that ``from bidirl.planner import plan`` names the module).  Pure: imports no
-torch, ray, vllm or simpy (the simulator's ``Pools`` is imported lazily, on conversion).
+torch, ray, vllm or simpy, nor the simulator (``Pools`` comes from ``bidirl.perf.scenario``).
 """
 
 from bidirl.planner.compat import Rejection, check_envelope

@@ -9,11 +9,11 @@ training pool after, ``R..g-1``; consecutive devices share a node)::
                   a lent rollout replica (rollout_tp devices) hosts one auxiliary trainer
     budgets       rollout_memory_bytes / train_memory_bytes: what each role needs per device
 
-It is plain data, convertible to the simulator's ``Pools`` (which has no field for
-``train_sharded``, ``aux_group`` or the budgets: they are decisions the simulator's
+It is plain data, convertible to the scenario schema's ``Pools`` (which has no field
+for ``train_sharded``, ``aux_group`` or the budgets: they are decisions the simulator's
 stage-time models do not distinguish, recorded so the real runtime can honour them).
-The simulator's classes are imported lazily so that the planner stays importable without
-anything the simulator package may pull in.
+The schema lives in the inner ring (``bidirl.perf.scenario``), so the planner never
+imports the simulator.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bidirl.perf.profiles import GIB
+from bidirl.perf.scenario import Pools, TrainLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +68,8 @@ class Envelope:
         return (f"R{self.rollout_devices}/T{self.train_devices} roll tp{self.rollout_tp} "
                 f"x{self.rollout_replicas}, train dp{self.train_dp} tp{self.train_tp}{shard}")
 
-    def to_pools(self):
-        """The simulator's ``Pools`` for this envelope."""
-        from bidirl.sim.scenario import Pools, TrainLayout
-
+    def to_pools(self) -> Pools:
+        """The scenario ``Pools`` for this envelope."""
         return Pools(rollout_devices=self.rollout_devices, train_devices=self.train_devices,
                      rollout_tp=self.rollout_tp,
                      train=TrainLayout(dp=self.train_dp, tp=self.train_tp))

@@ -26,7 +26,7 @@ from typing import Any
 from bidirl.perf.profiles import GIB
 from bidirl.planner.compat import Rejection, check_envelope
 from bidirl.planner.context import PlanContext
-from bidirl.planner.envelope import Envelope, envelope_of, scenario_with_envelope
+from bidirl.planner.envelope import Envelope, scenario_with_envelope
 from bidirl.planner.memory import usable_bytes
 from bidirl.planner.predict import HORIZON_STEPS, Prediction, predict, with_pipeline
 
@@ -230,8 +230,3 @@ def _break_tie(ctx: PlanContext, ranked: list[Candidate]) -> list[Candidate]:
                                     out[i].prediction.tokens_per_s))
     return [out[pick]] + out[:pick] + out[pick + 1:]
 
-
-def predict_scenario(scenario, steps: int | None = None) -> Candidate | Rejection:
-    """Check and predict the envelope a scenario's own pools describe."""
-    ctx = PlanContext.from_scenario(scenario, steps)
-    return evaluate(ctx, envelope_of(scenario))

@@ -4,9 +4,11 @@ One module per policy (``sync``, ``one_step_off``, ``asynchronous``, ``roll_borr
 ``train_borrow``, ``bidirl_opportunistic``, ``bidirl``) and shared pieces in their own
 modules: ``admission`` (benefit vs switch cost), ``split`` (capacity-proportional work
 split with startup drain), ``batching`` (micro-batches in group-id order), ``assign``
-(keeping replicas full).  Construct one by name with ``make_policy``.
+(keeping replicas full).  Construct one by name with ``make_policy``; ``policy_names()`` is the only list of
+names (everything else, the simulator's ``POLICIES``, the CLI's choices and the train
+config's check, derives from it).
 """
 
-from bidirl.policy.base import Policy, make_policy, policy_names
+from bidirl.policy.base import Policy, make_policy, policy_class, policy_names
 
-__all__ = ["Policy", "make_policy", "policy_names"]
+__all__ = ["Policy", "make_policy", "policy_class", "policy_names"]

@@ -7,7 +7,7 @@ so a policy always reads the state as it will be after its earlier actions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from bidirl.controller.actions import PRIMARY, Action, Chunk, MicroBatch, StartTrainStep
 from bidirl.controller.events import Event
@@ -15,13 +15,25 @@ from bidirl.controller.state import ClusterState
 from bidirl.policy.batching import pack_micro_batches
 from bidirl.policy.split import AuxExecutor, plan_chunks
 
-_REGISTRY: dict[str, Callable[[], Policy]] = {}
+_REGISTRY: dict[str, type[Policy]] = {}
+
+# The policy modules, in the order of the paper's comparison table.  Importing one
+# registers its policy; the names themselves live only in the ``@register`` decorators.
+_MODULES = ("sync", "one_step_off", "asynchronous", "roll_borrow", "train_borrow",
+            "bidirl_opportunistic", "bidirl")
 
 
 class Policy:
-    """Base class: subclasses set ``name`` and implement ``decide``."""
+    """Base class: subclasses set ``name`` (via ``@register``) and implement ``decide``.
+
+    ``lends_train_devices`` / ``lends_rollout_devices`` say which pool's devices the
+    policy may lend to the other role; the runtime prewarms those roles (one warm start
+    per lendable device) and tests use them instead of lists of names.
+    """
 
     name = "base"
+    lends_train_devices = False
+    lends_rollout_devices = False
 
     def decide(self, s: ClusterState, event: Event) -> Iterator[Action]:
         raise NotImplementedError
@@ -38,36 +50,36 @@ def register(name: str):
     return wrap
 
 
-def make_policy(name: str) -> Policy:
+def policy_class(name: str) -> type[Policy]:
+    """The registered class for ``name`` (its lending flags without building one)."""
     _load_all()
     try:
-        return _REGISTRY[name]()
+        return _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; allowed: {', '.join(policy_names())}") \
             from None
 
 
-ORDER = ("sync", "one-step-off", "async", "roll-borrow", "train-borrow",
-         "bidirl-opportunistic", "bidirl")
+def make_policy(name: str) -> Policy:
+    return policy_class(name)()
 
 
 def policy_names() -> list[str]:
-    """Registered names, in the order of the paper's comparison table."""
+    """Registered names, in the order of the paper's comparison table (``_MODULES``)."""
     _load_all()
-    return sorted(_REGISTRY, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+
+    def rank(n: str) -> tuple[int, str]:
+        mod = _REGISTRY[n].__module__.rsplit(".", 1)[-1]
+        return (_MODULES.index(mod) if mod in _MODULES else len(_MODULES), n)
+
+    return sorted(_REGISTRY, key=rank)
 
 
 def _load_all() -> None:
-    # Importing the modules registers them; the order is the paper's table order.
-    from bidirl.policy import (  # noqa: F401
-        asynchronous,
-        bidirl,
-        bidirl_opportunistic,
-        one_step_off,
-        roll_borrow,
-        sync,
-        train_borrow,
-    )
+    import importlib
+
+    for m in _MODULES:
+        importlib.import_module(f"bidirl.policy.{m}")
 
 
 def mean(xs: Sequence[float]) -> float:

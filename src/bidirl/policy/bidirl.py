@@ -17,6 +17,9 @@ from bidirl.policy.train_borrow import AuxLending
 
 @register("bidirl")
 class BiDiRLPolicy(AsyncPolicy):
+    lends_train_devices = True
+    lends_rollout_devices = True
+
     def __init__(self) -> None:
         self.roll = RollLending(guided=True)
         self.aux = AuxLending(guided=True)

@@ -14,6 +14,9 @@ from bidirl.policy.train_borrow import AuxLending
 
 @register("bidirl-opportunistic")
 class OpportunisticPolicy(AsyncPolicy):
+    lends_train_devices = True
+    lends_rollout_devices = True
+
     def __init__(self) -> None:
         self.roll = RollLending(guided=False)
         self.aux = AuxLending(guided=False)

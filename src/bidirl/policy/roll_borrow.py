@@ -83,5 +83,7 @@ class RollLending:
 
 @register("roll-borrow")
 class RollBorrowPolicy(AsyncPolicy):
+    lends_train_devices = True
+
     def __init__(self) -> None:
         self.roll = RollLending(guided=True)

@@ -28,6 +28,9 @@ _OUT = (UnitStatus.LENDING, UnitStatus.LENT)
 
 @register("sync")
 class SyncPolicy(Policy):
+    lends_train_devices = True
+    lends_rollout_devices = True
+
     def decide(self, s: ClusterState, event: Event) -> Iterator[Action]:
         if s.phase is not Phase.IDLE or s.finished:
             return

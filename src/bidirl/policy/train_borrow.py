@@ -104,5 +104,7 @@ class AuxLending:
 
 @register("train-borrow")
 class TrainBorrowPolicy(AsyncPolicy):
+    lends_rollout_devices = True
+
     def __init__(self) -> None:
         self.aux = AuxLending(guided=True)

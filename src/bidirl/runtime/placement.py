@@ -46,10 +46,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-LENDS_TRAIN_DEVICES = ("sync", "roll-borrow", "bidirl-opportunistic", "bidirl")
-LENDS_ROLLOUT_DEVICES = ("sync", "train-borrow", "bidirl-opportunistic", "bidirl")
-
-
 def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: dict, model_dir: str,
             trainer_config: dict) -> list[tuple[str, float]]:
     """Bring every role a device may be lent for up once and park it (the warm start).
@@ -59,12 +55,14 @@ def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: 
     """
     import ray
 
+    from bidirl.policy.base import policy_class
+
     calls = []
-    policy = cfg.scheduler.policy
+    policy = policy_class(cfg.scheduler.policy)
     for d, w in workers.items():
-        if d in spec.train_devices and policy in LENDS_TRAIN_DEVICES:
+        if d in spec.train_devices and policy.lends_train_devices:
             calls.append((w, "rollout", w.host.remote("rollout", **rollout_kwargs)))
-        elif d not in spec.train_devices and policy in LENDS_ROLLOUT_DEVICES:
+        elif d not in spec.train_devices and policy.lends_rollout_devices:
             calls.append((w, "aux_train", w.host.remote("aux_train", model_dir=model_dir, config=trainer_config)))
     ray.get([c for _, _, c in calls])
     ray.get([w.release.remote(role, park=True) for w, role, _ in calls])

@@ -109,10 +109,9 @@ class TrainSession:
         rollout_kwargs = dict(model_dir=model_dir, max_num_seqs=cfg.rollout.max_num_seqs,
                               max_model_len=int(mean_prompt) * 4 + cfg.rollout.max_new_tokens + 64,
                               dtype=cfg.model.dtype, kv_cache_bytes=cfg.rollout.kv_cache_mb << 20)
-        trainer_config = dict(lr=cfg.trainer.lr, max_grad_norm=cfg.trainer.max_grad_norm,
-                              clip_eps_low=cfg.trainer.clip_eps_low, clip_eps_high=cfg.trainer.clip_eps_high,
-                              kl_coef=cfg.trainer.kl_coef, weight_decay=cfg.trainer.weight_decay,
-                              seed=cfg.run.seed, device=cfg.cluster.device)
+        from bidirl.engines.trainer_config import trainer_wire
+
+        trainer_config = trainer_wire(cfg.trainer, device=cfg.cluster.device, seed=cfg.run.seed)
         t_boot = time.perf_counter()
         workers, unit_device, train_devices, switch_measurements, new_worker = start_workers(
             cfg, spec, rollout_kwargs, model_dir, trainer_config, ckpt / "trainer" if ckpt else None)

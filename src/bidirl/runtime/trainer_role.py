@@ -12,14 +12,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bidirl.engines.trainer_torch import GradChunk, TorchTrainer, TrainerConfig, TrainSample
+from bidirl.engines.trainer_config import from_wire
+from bidirl.engines.trainer_torch import GradChunk, TorchTrainer, TrainSample
 
 
 class TrainerRole:
     def __init__(self, model_dir: str, config: dict[str, Any] | None = None, threads: int = 1,
                  weights: dict | None = None, version: int = 0, process_group=None) -> None:
-        cfg = TrainerConfig(**{**(config or {}), "num_threads": threads})
-        self.trainer = TorchTrainer(model_dir, cfg, process_group=process_group)
+        """``config`` is ``trainer_wire(...)``'s dict; ``threads`` is the worker's own setting."""
+        cfg, device, seed = from_wire(config or {}, threads)
+        self.trainer = TorchTrainer(model_dir, cfg, process_group=process_group, device=device, seed=seed)
         if weights is not None:
             self.trainer.set_weights_numpy(weights, version)
 

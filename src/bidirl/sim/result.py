@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bidirl.core.timeline import Interval
+from bidirl.policy import policy_names
 
-POLICIES = ("sync", "one-step-off", "async", "roll-borrow", "train-borrow",
-            "bidirl-opportunistic", "bidirl")
+POLICIES = tuple(policy_names())  # derived from the policy registry, the only list of names
 
 
 @dataclass

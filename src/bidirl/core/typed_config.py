@@ -1,0 +1,278 @@
+"""Typed, documented, validated configuration: nested dataclasses built from plain data.
+
+One mechanism for every config the project reads (scenario YAML, the train config), so
+they fail the same way.  A config is a tree of dataclasses whose fields are declared
+with ``option(default, doc, ...)`` (a leaf) or ``section(cls, doc)`` (a nested
+dataclass); the documentation and the allowed range live in the field's metadata
+(``metadata["doc"]``, ``["ge"]``, ``["gt"]``, ``["le"]``, ``["lt"]``, ``["choices"]``), so
+the loader, the error messages and ``--help`` read the same source.
+
+``build(cls, data)`` turns a mapping (from YAML) into an instance, rejecting unknown
+fields, wrong types, values outside ``Literal[...]`` or ``choices``, and out-of-range
+numbers, with errors that name the dotted field and what is allowed::
+
+    rollout.max_num_seqs: must be >= 1, got 0
+
+``set_path`` applies ``a.b.c=value`` overrides to such a mapping before building, and
+``describe`` lists every leaf (dotted name, type, default, doc) for help texts.
+Pure Python (dataclasses, typing); cross-field rules stay with each config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import MISSING, field
+from typing import Any, Literal, Union
+
+__all__ = ["FieldError", "option", "section", "build", "check_fields", "set_path", "describe",
+           "as_dict", "format_fields"]
+
+
+class FieldError(ValueError):
+    """A value that a typed config does not allow; the message starts with the field path."""
+
+
+def option(default: Any = MISSING, doc: str = "", *, default_factory: Any = MISSING,
+           ge: float | None = None, gt: float | None = None, le: float | None = None,
+           lt: float | None = None, choices: Any = None) -> Any:
+    """A documented leaf field.  ``choices``: a collection or a zero-argument callable."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls: type, doc: str = "") -> Any:
+    """A documented nested dataclass field, defaulting to ``cls()``."""
+    return field(default_factory=cls, metadata={"doc": doc})
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    cache = _HINTS.get(cls)
+    if cache is None:
+        cache = _HINTS[cls] = typing.get_type_hints(cls)
+    return cache
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _split_optional(tp: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (tp, False)."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) < len(typing.get_args(tp)):
+            return (args[0] if len(args) == 1 else Union[tuple(args)]), True  # noqa: UP007
+    return tp, False
+
+
+def _choices(f: dataclasses.Field, tp: Any) -> tuple | None:
+    c = f.metadata.get("choices")
+    if c is not None:
+        return tuple(c() if callable(c) else c)
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    return None
+
+
+def _range_text(m: dict) -> str | None:
+    lo = ("[", m["ge"]) if m.get("ge") is not None else ("(", m["gt"]) if m.get("gt") is not None else None
+    hi = ("]", m["le"]) if m.get("le") is not None else (")", m["lt"]) if m.get("lt") is not None else None
+    if lo and hi:
+        return f"in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+    if lo:
+        return f"{'>=' if lo[0] == '[' else '>'} {lo[1]:g}"
+    if hi:
+        return f"{'<=' if hi[0] == ']' else '<'} {hi[1]:g}"
+    return None
+
+
+def _in_range(v: float, m: dict) -> bool:
+    return ((m.get("ge") is None or v >= m["ge"]) and (m.get("gt") is None or v > m["gt"])
+            and (m.get("le") is None or v <= m["le"]) and (m.get("lt") is None or v < m["lt"]))
+
+
+def _type_name(tp: Any) -> str:
+    base, opt = _split_optional(tp)
+    if typing.get_origin(base) is Literal:
+        name = " | ".join(repr(a) for a in typing.get_args(base))
+    else:
+        name = getattr(base, "__name__", None) or str(base).replace("typing.", "")
+        if typing.get_origin(base) is not None:
+            name = str(base).replace("typing.", "")
+    return f"{name} | None" if opt else name
+
+
+def _leaf(value: Any, tp: Any, path: str, err: type[Exception]) -> Any:
+    """Check ``value`` against the (non-optional) type ``tp``; return it normalised."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return value  # checked against the choices by the caller
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise err(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise err(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads ``1e-4`` (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise err(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise err(f"{path}: expected a string, got {value!r}")
+        return value
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        if isinstance(value, str):  # ``key=a,b`` on a command line
+            value = [x for x in value.split(",") if x]
+        if not isinstance(value, (list, tuple)):
+            raise err(f"{path}: expected a list, got {value!r}")
+        return [_leaf(x, item, f"{path}[{i}]", err) for i, x in enumerate(value)]
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise err(f"{path}: expected a list of {len(args)}, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_leaf(x, args[0], f"{path}[{i}]", err) for i, x in enumerate(value))
+        if len(value) != len(args):
+            raise err(f"{path}: expected {len(args)} values, got {len(value)}")
+        return tuple(_leaf(x, a, f"{path}[{i}]", err) for i, (x, a) in enumerate(zip(value, args)))
+    return value
+
+
+def _value(f: dataclasses.Field, tp: Any, value: Any, path: str, err: type[Exception]) -> Any:
+    base, optional = _split_optional(tp)
+    if dataclasses.is_dataclass(base):
+        return build(base, value, path, err)
+    if value is None:
+        if optional:
+            return None
+        if typing.get_origin(base) is list:
+            return []
+        raise err(f"{path}: must be set (got null)")
+    value = _leaf(value, base, path, err)
+    allowed = _choices(f, base)
+    if allowed is not None and value not in allowed:
+        raise err(f"{path}: must be one of {', '.join(map(str, allowed))}, got {value!r}")
+    rng = _range_text(f.metadata)
+    if rng and isinstance(value, (int, float)) and not _in_range(value, f.metadata):
+        raise err(f"{path}: must be {rng}, got {value!r}")
+    return value
+
+
+def build(cls: type, data: Any, path: str = "", err: type[Exception] = FieldError) -> Any:
+    """An instance of dataclass ``cls`` from the mapping ``data`` (missing fields: defaults)."""
+    if not isinstance(data, dict):
+        raise err(f"{path or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    prefix = f"{path}." if path else ""
+    unknown = sorted(set(map(str, data)) - set(fields))
+    if unknown:
+        raise err(f"{prefix}{unknown[0]}: unknown field; allowed: {', '.join(sorted(fields))}")
+    hints = _hints(cls)
+    kwargs = {name: _value(fields[name], hints[name], v, prefix + name, err) for name, v in data.items()}
+    for name, f in fields.items():
+        if name not in kwargs and f.default is MISSING and f.default_factory is MISSING:
+            raise err(f"{prefix}{name}: required")
+    return cls(**kwargs)
+
+
+def check_fields(obj: Any, path: str | None = None, err: type[Exception] = FieldError) -> None:
+    """Check the choices and ranges of an instance built in code (call from ``__post_init__``).
+
+    ``build`` already checks what it builds; this catches ``Config(lr=0)`` written
+    directly.  Errors name ``ClassName.field`` unless ``path`` is given.
+    """
+    prefix = f"{type(obj).__name__ if path is None else path}."
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        base, _ = _split_optional(hints[f.name])
+        value = getattr(obj, f.name)
+        if value is None or dataclasses.is_dataclass(base):
+            continue
+        allowed = _choices(f, base)
+        if allowed is not None and value not in allowed:
+            raise err(f"{prefix}{f.name}: must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        rng = _range_text(f.metadata)
+        if rng and isinstance(value, (int, float)) and not _in_range(value, f.metadata):
+            raise err(f"{prefix}{f.name}: must be {rng}, got {value!r}")
+
+
+def set_path(cls: type, data: dict, dotted: str, value: Any, err: type[Exception] = FieldError) -> None:
+    """Put ``value`` at ``dotted`` (``a.b.c``) in the mapping ``data`` for config ``cls``.
+
+    Checks only the path (every step but the last must be a section); ``build`` checks
+    the value.  Used for ``key=value`` overrides on top of a file.
+    """
+    parts = dotted.split(".")
+    for i, name in enumerate(parts[:-1]):
+        here = ".".join(parts[: i + 1])
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if name not in fields:
+            raise err(f"{here}: unknown field; allowed: {', '.join(sorted(fields))}")
+        sub, _ = _split_optional(_hints(cls)[name])
+        if not dataclasses.is_dataclass(sub):
+            raise err(f"{dotted}: {here} is a value, not a section")
+        nxt = data.setdefault(name, {})
+        if not isinstance(nxt, dict):
+            raise err(f"{here}: expected a mapping, got {type(nxt).__name__}")
+        cls, data = sub, nxt
+    data[parts[-1]] = value
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` with tuples as lists (what safe YAML and JSON can write)."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(dataclasses.asdict(obj))
+
+
+def describe(cls: type, path: str = "") -> Iterator[tuple[str, str, Any, str]]:
+    """Every leaf of ``cls``: (dotted name, type, default, doc with its allowed values)."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        name = f"{path}.{f.name}" if path else f.name
+        tp = hints[f.name]
+        base, _ = _split_optional(tp)
+        if dataclasses.is_dataclass(base):
+            yield from describe(base, name)
+            continue
+        default = f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else MISSING)
+        doc = f.metadata.get("doc", "")
+        rng = _range_text(f.metadata)
+        if rng:
+            doc = f"{doc} ({rng})" if doc else rng
+        allowed = _choices(f, base)
+        if allowed is not None:
+            doc = f"{doc} (one of {', '.join(map(str, allowed))})"
+        yield name, _type_name(tp), default, doc
+
+
+def format_fields(cls: type, width: int = 34) -> str:
+    """A help text: one line per leaf, ``name = default  doc``."""
+    lines = []
+    for name, _tp, default, doc in describe(cls):
+        shown = "(required)" if default is MISSING else repr(default)
+        lines.append(f"  {name + ' = ' + shown:<{width}} {doc}")
+    return "\n".join(lines)
+

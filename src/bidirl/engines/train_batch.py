@@ -1,0 +1,105 @@
+"""What the torch trainer trains on: samples, micro-batches, collated tensors, gradient chunks.
+
+Split from ``trainer_torch`` so that the trainer module holds only the model, the
+optimizer and the gradient arithmetic; these are the data that cross process boundaries
+(``TrainSample``, ``GradChunk``) and the padding that turns samples into tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One response to train on; ``behaviour_logprobs`` come from the engine that sampled it."""
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    behaviour_logprobs: Sequence[float]
+    advantage: float
+    ref_logprobs: Sequence[float] | None = None
+
+    def __post_init__(self):
+        if len(self.behaviour_logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"behaviour_logprobs has {len(self.behaviour_logprobs)} entries for "
+                f"{len(self.response_ids)} response tokens; they must match"
+            )
+        if not self.prompt_ids:
+            raise ValueError("prompt_ids must not be empty (the first response token needs a context)")
+
+
+Microbatch = Sequence[TrainSample]
+
+
+def make_microbatches(samples: Sequence[TrainSample], micro_batch_size: int) -> list[list[TrainSample]]:
+    """Split samples, in order, into micro-batches of at most ``micro_batch_size``."""
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size={micro_batch_size}; allowed: >= 1")
+    return [list(samples[i : i + micro_batch_size]) for i in range(0, len(samples), micro_batch_size)]
+
+
+def count_tokens(microbatches: Iterable[Microbatch]) -> int:
+    """Response tokens in these micro-batches: the GRPO loss denominator."""
+    return sum(len(s.response_ids) for mb in microbatches for s in mb)
+
+
+@dataclass
+class GradChunk:
+    """Gradients of a run of consecutive micro-batches, ready to ship to the primary."""
+
+    grads: list[dict[str, np.ndarray]]
+    """Flat fp32 gradients: one dict per micro-batch (per_microbatch) or one pre-summed dict."""
+    num_tokens: int
+    """Response tokens covered by this chunk (information; the loss used the batch total)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Loss metrics in "token sum / batch tokens" form: chunk values add up to batch means."""
+    version: int = 0
+    """Weights version the gradients were computed with."""
+
+
+@dataclass
+class Collated:
+    input_ids_B_L: torch.Tensor
+    attention_mask_B_L: torch.Tensor
+    targets_B_T: torch.Tensor
+    mask_B_T: torch.Tensor
+    old_logp_B_T: torch.Tensor
+    ref_logp_B_T: torch.Tensor | None
+    adv_B: torch.Tensor
+    spans: list[tuple[int, int]]
+    """(first target index, length) of each sample's response in the T axis."""
+
+
+def collate(samples: Microbatch, pad_id: int, device: str = "cpu") -> Collated:
+    """Right-pad prompt+response sequences; targets are shifted by one (T = L - 1)."""
+    seqs = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
+    L = max(len(q) for q in seqs)
+    B = len(samples)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, L), dtype=torch.long)
+    mask = torch.zeros((B, L - 1), dtype=torch.float32)
+    old = torch.zeros((B, L - 1), dtype=torch.float32)
+    has_ref = all(s.ref_logprobs is not None for s in samples)
+    ref = torch.zeros((B, L - 1), dtype=torch.float32) if has_ref else None
+    spans = []
+    for b, (seq, s) in enumerate(zip(seqs, samples, strict=True)):
+        input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention[b, : len(seq)] = 1
+        start, n = len(s.prompt_ids) - 1, len(s.response_ids)
+        mask[b, start : start + n] = 1.0
+        old[b, start : start + n] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+        if ref is not None:
+            ref[b, start : start + n] = torch.tensor(s.ref_logprobs, dtype=torch.float32)
+        spans.append((start, n))
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return Collated(
+        to(input_ids), to(attention), to(input_ids[:, 1:].contiguous()), to(mask), to(old), to(ref),
+        to(adv), spans,
+    )

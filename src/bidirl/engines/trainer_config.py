@@ -1,0 +1,57 @@
+"""The trainer's configuration: one class for the train config's ``trainer`` section and
+for ``TorchTrainer`` (torch-free, so the config loader and ``--help`` need no torch).
+
+Why these defaults: they are what ``bidirl train`` ran with before the two trainer
+configs were merged, so the default run does not change.  The session passed the train
+config's ``lr`` (1e-3), ``clip_eps_high`` (0.28, DAPO's clip-higher), ``clip_eps_low``,
+``max_grad_norm``, ``kl_coef`` and ``weight_decay`` to the torch trainer, whose own
+defaults (lr 1e-4, clip_eps_high 0.2) therefore never applied to a run; ``betas`` and
+``adam_eps`` were the torch trainer's and are kept.  ``micro_batch_size`` (16) sizes the
+scheduler's micro-batches; the runtime hands the trainer explicit micro-batches, so the
+torch trainer's old default (8) only ever applied to direct ``train_step(samples)`` calls.
+Device and seed are not trainer settings: they come from ``cluster.device`` and
+``run.seed`` (``trainer_wire`` below is the one place the runtime bundles them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bidirl.core.typed_config import as_dict, build, check_fields, option
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """GRPO trainer settings (AdamW, PPO-style clipping, optional KL to the reference)."""
+
+    lr: float = option(1e-3, "AdamW learning rate", gt=0, lt=1)
+    micro_batch_size: int = option(16, "sequences per micro-batch (gradient accumulation)", ge=1)
+    max_grad_norm: float | None = option(1.0, "global grad-norm clip after the DP all-reduce; null disables",
+                                         gt=0)
+    clip_eps_low: float = option(0.2, "lower PPO clip: ratio >= 1 - clip_eps_low", ge=0, lt=1)
+    clip_eps_high: float = option(0.28, "upper PPO clip: ratio <= 1 + clip_eps_high (clip-higher)", ge=0)
+    kl_coef: float = option(0.0, "weight of the k3 KL to the reference (initial) policy; 0 disables", ge=0)
+    weight_decay: float = option(0.0, "AdamW weight decay", ge=0)
+    betas: tuple[float, float] = option((0.9, 0.999), "AdamW betas")
+    adam_eps: float = option(1e-8, "AdamW epsilon", gt=0)
+    threads: int = option(1, "torch intra-op threads per device worker", ge=1)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def trainer_wire(cfg: TrainerConfig, device: str, seed: int) -> dict[str, Any]:
+    """What a device worker is sent to build a trainer: plain data (it crosses Ray)."""
+    return {"config": as_dict(cfg), "device": device, "seed": seed}
+
+
+def from_wire(wire: dict[str, Any], threads: int | None = None) -> tuple[TrainerConfig, str, int]:
+    """``trainer_wire``'s inverse; ``threads`` (the worker's own setting) wins if given."""
+    unknown = sorted(set(wire) - {"config", "device", "seed"})
+    if unknown:  # e.g. a flat {"lr": ...}: silently dropping it would train with defaults
+        raise ValueError(f"trainer wire: unknown keys {unknown}; build it with trainer_wire(...)")
+    data = dict(wire.get("config", {}))
+    if threads is not None:
+        data["threads"] = threads
+    return build(TrainerConfig, data, "trainer"), wire.get("device", "cpu"), int(wire.get("seed", 0))

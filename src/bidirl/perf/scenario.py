@@ -1,0 +1,147 @@
+"""The scenario schema: a cluster, a model, a workload and a device split, as typed data.
+
+It lives in the inner ring (next to the hardware and model profiles it names) because
+the planner reads it as much as the simulator does: the planner turns an ``Envelope``
+into ``Pools`` and reads workload, costs and knobs, and must not import ``bidirl.sim``
+to do so.  ``bidirl.sim.scenario`` re-exports these classes and adds the YAML loading
+(built-in files, paths).  Every field carries its doc and allowed range
+(``bidirl.core.typed_config``); ``check`` holds the rules that span fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from bidirl.core.typed_config import build, option, section
+from bidirl.perf.profiles import HARDWARE, MODELS
+
+LengthDist = Literal["lognormal", "constant", "uniform", "file"]
+LENGTH_DISTS: tuple[str, ...] = LengthDist.__args__  # type: ignore[attr-defined]
+
+
+class ScenarioError(ValueError):
+    """A scenario file or dict that does not describe a valid run."""
+
+
+@dataclass(frozen=True)
+class ResponseLength:
+    """Response lengths in tokens, drawn per response (long-tailed by default).
+
+    ``lognormal``: median ``median``, shape ``sigma``, clipped to ``[min, max]`` (responses
+    that hit ``max`` are truncated, as with ``max_tokens`` in an engine).
+    ``constant``: every response is ``max`` long.  ``uniform``: in ``[min, max]``.
+    ``file``: lengths read from ``file`` (one integer per line, cycled in order).
+    """
+
+    dist: LengthDist = option("lognormal", "length distribution")
+    median: int = option(1500, "lognormal median (tokens)", ge=1)
+    sigma: float = option(0.9, "lognormal shape", ge=0)
+    min: int = option(16, "shortest response (tokens)", ge=1)
+    max: int = option(8192, "longest response; longer ones are truncated", ge=1, le=262144)
+    file: str | None = option(None, "lengths file when dist is file (relative to the scenario)")
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts_per_step: int = option(64, "prompt groups per training step (GRPO batch)", ge=1)
+    group_size: int = option(8, "responses per prompt", ge=1)
+    prompt_tokens: int = option(256, "tokens per prompt", ge=1)
+    response_length: ResponseLength = section(ResponseLength, "response length distribution")
+
+
+@dataclass(frozen=True)
+class TrainLayout:
+    """Trainer layout: ``dp`` data-parallel ranks of ``tp`` devices each (tp=1: FSDP/DDP)."""
+
+    dp: int = option(8, "data-parallel ranks", ge=1)
+    tp: int = option(1, "tensor-parallel devices per rank", ge=1)
+
+
+@dataclass(frozen=True)
+class Pools:
+    """The committed split.  ``rollout_devices + train_devices`` must equal ``devices``."""
+
+    rollout_devices: int = option(8, "devices of the rollout pool (0 .. R-1)", ge=1)
+    train_devices: int = option(8, "devices of the training pool (R .. R+T-1)", ge=1)
+    rollout_tp: int = option(1, "tensor-parallel devices per rollout replica", ge=1)
+    train: TrainLayout = section(TrainLayout, "training pool layout")
+
+
+def _cost(doc: str) -> Any:
+    return option(None, doc, ge=0)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Overrides of the priors (seconds); ``null`` keeps the profile-derived prior."""
+
+    weight_sync_s: float | None = _cost("weight broadcast to the rollout replicas")
+    roll_on_train_c_in_s: float | None = _cost("switch a train device to rollout")
+    roll_on_train_c_out_s: float | None = _cost("switch it back")
+    train_on_roll_c_in_s: float | None = _cost("switch a rollout replica to auxiliary training")
+    train_on_roll_c_out_s: float | None = _cost("switch it back")
+    train_on_roll_c_grad_s: float | None = _cost("ship an auxiliary chunk's gradients")
+    colocated_switch_s: float | None = _cost("sync policy: offload/onload between stages")
+
+
+@dataclass(frozen=True)
+class SimKnobs:
+    """How the simulated world differs from the scheduler's prior beliefs."""
+
+    timing_noise_cv: float = option(0.03, "lognormal noise on every simulated stage time", ge=0, le=1)
+    prior_scale: float = option(1.25, "scheduler's models start this far off; calibration fixes it",
+                                ge=0.1, le=10)
+    micro_batch_tokens: int = option(16384, "tokens per training micro-batch", ge=256)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str = option(doc="scenario name (default: the file's stem)")
+    hardware: str = option("H100-80GB", "device profile", choices=lambda: sorted(HARDWARE))
+    devices: int = option(16, "devices in the cluster", ge=2)
+    model: str = option("Qwen3-8B", "model profile", choices=lambda: sorted(MODELS))
+    staleness: int = option(1, "version gap bound (docs/algorithm.md)", ge=0, le=16)
+    steps: int = option(20, "optimizer steps to run", ge=1)
+    seed: int = option(0, "random seed of lengths and timing noise")
+    description: str = option("", "free text")
+    workload: Workload = section(Workload, "what one step trains")
+    pools: Pools = section(Pools, "the committed device split")
+    costs: Costs = section(Costs, "switch-cost overrides")
+    sim: SimKnobs = section(SimKnobs, "how the simulated world differs from the priors")
+
+    def replace(self, **changes: Any) -> Scenario:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check(s: Scenario) -> Scenario:
+    """The rules that span fields (each field's own range is checked when it is built)."""
+
+    def need(cond: bool, path: str, allowed: str, value: Any) -> None:
+        if not cond:
+            raise ScenarioError(f"{path}: {allowed}, got {value!r}")
+
+    rl, p = s.workload.response_length, s.pools
+    need(rl.min <= rl.max, "workload.response_length.min", "must be <= max", rl.min)
+    if rl.dist == "file":
+        need(bool(rl.file), "workload.response_length.file", "must be a path when dist is file", rl.file)
+    need(p.rollout_devices + p.train_devices == s.devices, "pools.train_devices",
+         f"rollout_devices + train_devices must equal devices ({s.devices})", p.train_devices)
+    need(p.rollout_devices % p.rollout_tp == 0, "pools.rollout_tp",
+         f"must divide pools.rollout_devices ({p.rollout_devices})", p.rollout_tp)
+    need(p.train.dp * p.train.tp == p.train_devices, "pools.train.dp",
+         f"dp * tp must equal pools.train_devices ({p.train_devices})", p.train.dp)
+    return s
+
+
+def from_dict(data: dict[str, Any], default_name: str = "custom") -> Scenario:
+    """A checked scenario from a mapping (a parsed YAML file)."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"scenario: expected a mapping, got {type(data).__name__}")
+    data = dict(data)
+    data.setdefault("name", default_name)
+    return check(build(Scenario, data, "", ScenarioError))
