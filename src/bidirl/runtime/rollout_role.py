@@ -15,9 +15,10 @@ staleness is counted from its oldest token wherever it finishes.
 from __future__ import annotations
 
 import gc
-import os
 import time
 from dataclasses import dataclass, field
+
+from bidirl.runtime.vllm_env import apply_vllm_env
 
 
 @dataclass
@@ -66,7 +67,7 @@ class RolloutRole:
     def __init__(self, model_dir: str, *, max_num_seqs: int = 128, max_model_len: int = 512,
                  dtype: str = "float32", seed: int = 0, device: str = "cpu",
                  kv_cache_bytes: int = 256 << 20) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        apply_vllm_env()
         from vllm import LLM
 
         self.version = 0
