@@ -9,7 +9,8 @@ group finishes, so the worker actor stays responsive between calls without threa
 
 Every generated token is tagged with the policy version the engine held when the token
 was produced; a resumed response keeps its prefix's tokens, log-probs and versions, so
-staleness is counted from its oldest token wherever it finishes.
+staleness is counted from its oldest token wherever it finishes.  This is the project's
+one rollout engine; ``tests/runtime/test_rollout_role.py`` checks it against the HF model.
 """
 
 from __future__ import annotations
