@@ -1,6 +1,10 @@
-"""Test-suite wide hooks: GPU-only tests are skipped, not failed, on machines without CUDA."""
+"""Test-suite wide hooks: vLLM's environment, and GPU-only tests skipped without CUDA."""
 
 import pytest
+
+from bidirl.runtime.vllm_env import apply_vllm_env
+
+apply_vllm_env()  # before any test module loads torch or vLLM
 
 
 def _has_cuda() -> bool:

@@ -58,19 +58,21 @@ def test_build_is_idempotent_and_rebuilds_on_change(tmp_path):
 
 
 def test_warm_start_gives_partial_reward(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
     from bidirl.algo.warm_start import warm_start, warm_start_report
-    from bidirl.engines.base import GenerationRequest
-    from bidirl.engines.hf_engine import HFEngine
 
     def mean_reward(model_dir):
-        tok, engine = load_tokenizer(model_dir), HFEngine(model_dir)
-        rows = get_task("copy").rows(48, seed=1, split="test")
-        reqs = [GenerationRequest(str(i), encode_prompt(tok, r["prompt"]), 10, seed=i) for i, r in enumerate(rows)]
-        scores = [
-            get_task("copy").compute_score("copy", tok.decode(res.token_ids, skip_special_tokens=True),
-                                           row["reward_model"]["ground_truth"])
-            for res, row in zip(engine.generate(reqs), rows)
-        ]
+        """Mean copy reward of one sampled response (temperature 1, 10 tokens) per test prompt."""
+        tok = load_tokenizer(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        rows, scores = get_task("copy").rows(48, seed=1, split="test"), []
+        for i, row in enumerate(rows):
+            ids = torch.tensor([encode_prompt(tok, row["prompt"])])
+            torch.manual_seed(i)
+            out = model.generate(ids, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=10)
+            text = tok.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+            scores.append(get_task("copy").compute_score("copy", text, row["reward_model"]["ground_truth"]))
         return float(np.mean(scores))
 
     out = warm_start(tiny_model_dir, tmp_path / "warm", tasks=("copy",))

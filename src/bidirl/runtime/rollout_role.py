@@ -9,15 +9,17 @@ group finishes, so the worker actor stays responsive between calls without threa
 
 Every generated token is tagged with the policy version the engine held when the token
 was produced; a resumed response keeps its prefix's tokens, log-probs and versions, so
-staleness is counted from its oldest token wherever it finishes.
+staleness is counted from its oldest token wherever it finishes.  This is the project's
+one rollout engine; ``tests/runtime/test_rollout_role.py`` checks it against the HF model.
 """
 
 from __future__ import annotations
 
 import gc
-import os
 import time
 from dataclasses import dataclass, field
+
+from bidirl.runtime.vllm_env import apply_vllm_env
 
 
 @dataclass
@@ -66,7 +68,7 @@ class RolloutRole:
     def __init__(self, model_dir: str, *, max_num_seqs: int = 128, max_model_len: int = 512,
                  dtype: str = "float32", seed: int = 0, device: str = "cpu",
                  kv_cache_bytes: int = 256 << 20) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        apply_vllm_env()
         from vllm import LLM
 
         self.version = 0
@@ -80,24 +82,16 @@ class RolloutRole:
         self._live: dict[str, ResponseRequest] = {}
         self._partial: dict[str, ResponseResult] = {}
         self._context: dict[str, int] = {}
+        self._base: dict[str, int] = {}  # response tokens before the engine request started
+        self._restarts = 0
         self._prefill_tokens = 0  # prompt tokens submitted since the last step
 
     # -- requests ---------------------------------------------------------------------
     def submit(self, requests: list[ResponseRequest]) -> None:
-        from vllm import SamplingParams
-
         for r in requests:
-            remaining = r.max_new_tokens - len(r.prefix_ids)
-            if remaining <= 0:
+            if r.max_new_tokens - len(r.prefix_ids) <= 0:
                 raise ValueError(f"{r.request_id}: nothing left to generate")
-            sp = SamplingParams(max_tokens=remaining, temperature=r.temperature, logprobs=0,
-                                seed=r.seed)
-            self._engine.add_request(r.request_id,
-                                     {"prompt_token_ids": r.prompt_ids + r.prefix_ids}, sp)
-            self._live[r.request_id] = r
-            self._partial[r.request_id] = self._empty_result(r)
-            self._context[r.request_id] = len(r.prompt_ids) + len(r.prefix_ids)
-            self._prefill_tokens += len(r.prompt_ids) + len(r.prefix_ids)
+            self._add(r.request_id, r, self._empty_result(r))
 
     @property
     def running(self) -> int:
@@ -142,6 +136,7 @@ class RolloutRole:
         for i in ids:
             self._live.pop(i)
             self._context.pop(i, None)
+            self._base.pop(i, None)
         return partials
 
     def snapshot(self) -> list[ResponseResult]:
@@ -151,7 +146,13 @@ class RolloutRole:
         return [copy.deepcopy(self._partial[i]) for i in self._live]
 
     def update_weights(self, named_arrays: dict, version: int) -> float:
-        """Load new weights in place (requests in flight continue with them)."""
+        """Load new weights in place; requests in flight continue with them.
+
+        Every token is computed by exactly one version: the KV cache of a live response was
+        computed by the old weights, so each one is re-submitted as ``prompt + tokens so far``
+        with the rest of its budget (one re-prefill each), and its later tokens and log-probs
+        are those of the new weights alone.
+        """
         import torch
 
         t0 = time.perf_counter()
@@ -161,6 +162,7 @@ class RolloutRole:
                                  kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
         self._llm.reset_prefix_cache()
         self.version = version
+        self._restart_live()
         return time.perf_counter() - t0
 
     def set_weights(self, named_arrays: dict, version: int) -> float:
@@ -191,6 +193,34 @@ class RolloutRole:
         gc.collect()
 
     # -- internals --------------------------------------------------------------------
+    def _add(self, rid: str, r: ResponseRequest, res: ResponseResult) -> None:
+        """Start engine request ``rid`` continuing ``res`` (the response so far) of ``r``."""
+        from vllm import SamplingParams
+
+        done = len(res.token_ids)
+        # A restarted response must not replay the random stream that made its prefix.
+        seed = r.seed if done == len(r.prefix_ids) else (r.seed * 1_000_003 + done) & 0x7FFFFFFF
+        sp = SamplingParams(max_tokens=r.max_new_tokens - done, temperature=r.temperature,
+                            logprobs=0, seed=seed)
+        context = r.prompt_ids + res.token_ids
+        self._engine.add_request(rid, {"prompt_token_ids": context}, sp)
+        self._live[rid], self._partial[rid], self._base[rid] = r, res, done
+        self._context[rid] = len(context)
+        self._prefill_tokens += len(context)
+
+    def _restart_live(self) -> None:
+        """Re-prefill every live response (after a weight update: no KV from old weights)."""
+        ids = list(self._live)
+        if not ids:
+            return
+        self._engine.abort_request(ids)
+        for rid in ids:
+            r, res = self._live.pop(rid), self._partial.pop(rid)
+            self._context.pop(rid, None)
+            self._base.pop(rid, None)
+            self._restarts += 1
+            self._add(f"{r.request_id}.u{self._restarts}", r, res)
+
     def _empty_result(self, r: ResponseRequest) -> ResponseResult:
         return ResponseResult(r.group_id, r.index, r.prompt_ids, list(r.prefix_ids),
                               list(r.prefix_logprobs), list(r.prefix_versions), False, None,
@@ -203,8 +233,7 @@ class RolloutRole:
             return None
         comp = out.outputs[0]
         new_ids = list(comp.token_ids)
-        base = len(req.prefix_ids)
-        have = len(res.token_ids) - base
+        have = len(res.token_ids) - self._base[rid]
         fresh = new_ids[have:]
         if fresh:
             lps = comp.logprobs or []
@@ -220,5 +249,6 @@ class RolloutRole:
             self._live.pop(rid)
             self._partial.pop(rid)
             self._context.pop(rid, None)
+            self._base.pop(rid, None)
             return res
         return None

@@ -16,14 +16,15 @@ import os
 import time
 from typing import Any
 
+from bidirl.runtime.vllm_env import apply_vllm_env, vllm_env
+
 
 class DeviceWorker:
     """The actor body; wrapped with ``ray.remote`` by :func:`worker_class`."""
 
     def __init__(self, device: int, pool: str, threads: int = 1, seed: int = 0) -> None:
         # Thread counts must be fixed before vLLM loads: it replaces them process-wide.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        apply_vllm_env(threads)
         import torch
 
         torch.set_num_threads(threads)
@@ -116,9 +117,6 @@ def worker_class(num_cpus: float = 1, num_gpus: float = 0):
     """The Ray actor class; one per device, one CPU core (or one GPU) each."""
     import ray
 
-    env = {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
-                        "TOKENIZERS_PARALLELISM": "false",
-                        # vLLM compiles one sampler op even in eager mode: ~3.5 s per engine.
-                        "TORCH_COMPILE_DISABLE": "1"}}
+    env = {"env_vars": vllm_env(threads=1)}
     return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=env,
                       max_concurrency=1)(DeviceWorker)

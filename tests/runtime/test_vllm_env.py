@@ -1,0 +1,39 @@
+"""vLLM's environment comes from one module, importable without vLLM or torch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from bidirl.runtime.vllm_env import vllm_env
+
+
+def test_the_variables_the_worker_sets():
+    assert vllm_env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
+                          "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    assert vllm_env(threads=3)["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in vllm_env(threads=None)
+
+
+def test_apply_keeps_what_is_set_and_imports_neither_vllm_nor_torch():
+    code = ("import os, sys\n"
+            "from bidirl.runtime.vllm_env import apply_vllm_env\n"
+            "apply_vllm_env(threads=2)\n"
+            "print(os.environ['OMP_NUM_THREADS'], os.environ['TORCH_COMPILE_DISABLE'],"
+            " os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'], 'vllm' in sys.modules, 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in vllm_env()}
+    env["TORCH_COMPILE_DISABLE"] = "0"  # set by the caller: kept
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["2", "0", "0", "False", "False"]
+
+
+def test_apply_disables_compile_when_torch_is_already_loaded():
+    code = ("import torch\n"
+            "from bidirl.runtime.vllm_env import apply_vllm_env\n"
+            "apply_vllm_env()\n"
+            "import torch._dynamo\n"
+            "print(torch._dynamo.config.disable)")
+    env = {k: v for k, v in os.environ.items() if k not in vllm_env()}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == "True"
