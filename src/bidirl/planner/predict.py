@@ -1,7 +1,7 @@
 """Analytic throughput of an envelope under the staleness bound, with two-way borrowing.
 
 No simulation: closed forms over the stage-time models and one monotone fixed point per
-borrowing option (docs/planner.md derives them and reports their measured error).
+borrowing option (docs/planner.md summarises them and reports their measured error).
 Notation per optimizer step: ``B`` responses in ``G`` groups of ``n``, lengths ``L``,
 ``N`` replicas each holding ``g = floor(cap / n)`` groups, decode step ``d(b) = a + beta b``
 at ``b`` running sequences, ``s`` the staleness bound.
@@ -53,7 +53,8 @@ with ``C_in`` added to the fill when units lent at the start must take part of b
 
 This closed form is model A.  Model B, ``pipeline``, follows the same run step by step
 (bursty fills, per-window lending, handed-back prefixes); ``predict`` returns their
-geometric mean, which ranks and calibrates better than either (docs/planner.md, item 9).
+geometric mean, which ranks and calibrates better than either (measured:
+docs/notes/2026-11-planner-experiments.md, blend and screen).
 """
 
 from __future__ import annotations
