@@ -1,6 +1,21 @@
-"""Test-suite wide hooks: vLLM's environment, and GPU-only tests skipped without CUDA."""
+"""Test-suite wide hooks.
+
+* vLLM's environment is applied before any test module loads torch or vLLM.
+* GPU-only tests are skipped, not failed, on machines without CUDA.
+* Hypothesis draws the same examples on every run (``derandomize``): a property test
+  passes or fails the same way on every machine and in any order, and a failure it finds
+  is reproduced by the next run.  ``HYPOTHESIS_PROFILE=explore`` draws random examples
+  instead (new ones each run, with the example database), to look for counterexamples.
+"""
+
+import os
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 from bidirl.runtime.vllm_env import apply_vllm_env
 

@@ -130,6 +130,11 @@ def test_lending_a_busy_replica_is_refused():
         c.state.commit(Lend(0, Role.AUX_TRAIN))
 
 
-def test_decisions_are_timed():
-    c, rt = _controller()
-    assert len(c.decision_s) == 1 and c.decision_s[0] >= 0
+def test_every_event_is_timed_and_its_actions_counted():
+    c, rt = _controller()  # handled one event, Started
+    assert len(c.decision_s) == len(c.decision_cpu_s) == 1
+    assert list(c.decision_actions) == [len(rt.actions)] and rt.actions
+    rt.take()
+    _complete(c, rt, 0, 0, 1.0)  # a replica freed: the next group is assigned to it
+    assert len(c.decision_s) == len(c.decision_cpu_s) == 2
+    assert list(c.decision_actions)[1:] == [len(rt.actions)] and rt.actions

@@ -1,8 +1,9 @@
 """Synthetic device schedules for the observability tests.
 
 A seeded generator rather than fixtures on disk: every test can ask for the size it
-needs (two devices for structure checks, 1024 devices / 100k intervals for speed) and
-the schedules tile ``[0, wall_s]`` exactly, like a correct runtime's records.
+needs (two devices for structure checks, 1024 devices for a large run) and the schedules
+tile ``[0, wall_s]`` exactly, like a correct runtime's records.  ``bench/timeline_plot.py``
+uses the same generator to time the plot on 100k intervals.
 """
 
 from __future__ import annotations

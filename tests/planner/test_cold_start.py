@@ -13,7 +13,8 @@ from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope
 from bidirl.planner.pipeline import Pipeline
 from bidirl.planner.plan import TIE, evaluate, plan, scenario_with_envelope
-from bidirl.planner.predict import _aux_theta, _model, pipeline_timeline, predict, with_pipeline
+from bidirl.planner.predict import pipeline_timeline, predict, with_pipeline
+from bidirl.planner.stages import _aux_theta, _model
 from bidirl.policy import roll_borrow
 from bidirl.sim.run import simulate
 from bidirl.sim.scenario import ResponseLength

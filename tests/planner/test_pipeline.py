@@ -11,7 +11,8 @@ import pytest
 from bidirl.planner.context import PlanContext
 from bidirl.planner.pipeline import Pipeline
 from bidirl.planner.plan import SCREEN, plan
-from bidirl.planner.predict import _Model, _model, pipeline_timeline, predict
+from bidirl.planner.predict import pipeline_timeline, predict
+from bidirl.planner.stages import _Model, _model
 
 
 @dataclass(frozen=True)

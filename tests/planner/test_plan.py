@@ -142,16 +142,16 @@ def test_nothing_is_lent_to_rollout_when_the_primaries_hold_every_admissible_bat
     slots hold all ``s + 1`` admissible batches nothing queues, so borrowing in that
     direction cannot change the prediction; when they do not, it can only lend as many
     units as the queue fills."""
-    from bidirl.planner import predict as pm
+    from bidirl.planner import stages
 
     sc = make_scenario(devices=32, model="Qwen3-4B", staleness=1, max_len=16384)
     ctx = PlanContext.from_scenario(sc, steps=8)
     for key in ((16, 4, 4, 4), (16, 8, 2, 8)):
         env = evaluate(ctx, Envelope(key[0], 32 - key[0], key[1], key[2], key[3])).envelope
-        m = pm._model(ctx, env)
+        m = stages._model(ctx, env)
         groups = (ctx.staleness + 1) * ctx.prompts_per_step
         queued = groups - env.rollout_replicas * m.group_slots
-        lent = pm._feedable(m, env, ctx.staleness)
+        lent = stages._feedable(m, env, ctx.staleness)
         if queued <= 0:
             assert lent == 0
             assert predict(ctx, env, ("none", "roll_on_train")).borrowed == "none"
@@ -166,14 +166,15 @@ def test_fill_waits_for_lent_units_only_when_batch_zero_spills_onto_them(make_sc
     import dataclasses
 
     from bidirl.planner import predict as pm
+    from bidirl.planner import stages
 
     sc = make_scenario(devices=32, model="Qwen3-4B", staleness=1, max_len=16384)
     ctx = PlanContext.from_scenario(sc, steps=8)
     seen = set()
     for key in ((8, 8, 3, 8), (16, 8, 2, 8)):
         env = evaluate(ctx, Envelope(key[0], 32 - key[0], key[1], key[2], key[3])).envelope
-        m = pm._model(ctx, env)
-        assert pm._feedable(m, env, ctx.staleness) > 0
+        m = stages._model(ctx, env)
+        assert stages._feedable(m, env, ctx.staleness) > 0
         st = pm._solve(m, env, ctx.staleness, "roll_on_train")
         slower = dataclasses.replace(m, c_roll_in=m.c_roll_in + 10.0)
         walls = [pm._wall(x, env, st, "roll_on_train", 8, ctx.staleness) for x in (m, slower)]

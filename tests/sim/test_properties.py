@@ -49,22 +49,32 @@ def test_invariants_hold(policy, data):
     _check_run(build(data), policy)
 
 
-BORROWED: dict[str, int] = {}
-
-
 @pytest.mark.parametrize("policy", ["roll-borrow", "train-borrow", "bidirl"])
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=busy_scenarios())
 def test_invariants_hold_when_guided_policies_borrow(policy, data):
-    r = _check_run(build(data), policy)
-    BORROWED[policy] = BORROWED.get(policy, 0) + sum(r.borrows.values())
+    _check_run(build(data), policy)
 
 
-def test_guided_policies_did_borrow():
-    """The previous test is only worth something if borrowing happened in it."""
-    if not BORROWED:
-        pytest.skip("run together with test_invariants_hold_when_guided_policies_borrow")
-    assert all(n > 0 for n in BORROWED.values()), BORROWED
+# A fixed busy scenario (8 H100s, half in each pool, long responses) on which each guided
+# policy borrows in its own direction(s): the previous test is only worth something if
+# borrowing does happen on scenarios like the ones it draws.
+BUSY = {"name": "busy", "hardware": "H100-80GB", "model": "Qwen3-8B", "devices": 8,
+        "staleness": 1, "steps": 3, "seed": 0,
+        "workload": {"prompts_per_step": 64, "group_size": 8, "prompt_tokens": 256,
+                     "response_length": {"median": 1200, "sigma": 0.8, "max": 4096}},
+        "pools": {"rollout_devices": 4, "train_devices": 4, "train": {"dp": 4}},
+        "sim": {"timing_noise_cv": 0.0}}
+
+
+@pytest.mark.parametrize(("policy", "directions"), [
+    ("roll-borrow", {"roll_on_train"}),
+    ("train-borrow", {"train_on_roll"}),
+    ("bidirl", {"roll_on_train", "train_on_roll"}),
+])
+def test_guided_policies_do_borrow_on_a_busy_scenario(policy, directions):
+    borrows = _check_run(build(BUSY), policy).borrows
+    assert {d for d, n in borrows.items() if n > 0} == directions, borrows
 
 
 @settings(max_examples=10, deadline=None)
@@ -83,3 +93,27 @@ def test_different_seed_different_trace(policy):
     a = simulate(build({**data, "seed": 1}), policy)
     b = simulate(build({**data, "seed": 2}), policy)
     assert a.trace_sha256 != b.trace_sha256
+
+
+# Found by test_invariants_hold with random examples (about one run in 25 drew it):
+# bidirl-opportunistic stalls after step 0 on this 3-device scenario ("stalled at
+# t=2.607: step 1, phase idle, running 0"); bidirl and train-borrow finish it.  Kept here
+# so that it runs on every run until the policy is fixed; then this xfail fails (strict)
+# and the marker goes.
+STALL = {"name": "prop", "hardware": "H100-80GB", "model": "Qwen3-4B", "devices": 3,
+         "staleness": 0, "steps": 2, "seed": 0,
+         "workload": {"prompts_per_step": 1, "group_size": 1, "prompt_tokens": 1,
+                      "response_length": {"dist": "lognormal", "median": 5, "sigma": 1.0,
+                                          "min": 1, "max": 16}},
+         "pools": {"rollout_devices": 2, "train_devices": 1, "rollout_tp": 2,
+                   "train": {"dp": 1, "tp": 1}},
+         "sim": {"timing_noise_cv": 0.0, "prior_scale": 0.7, "micro_batch_tokens": 256}}
+
+
+@pytest.mark.parametrize("policy", [
+    pytest.param("bidirl-opportunistic", marks=pytest.mark.xfail(
+        strict=True, raises=RuntimeError, reason="stalls after step 0 (known bug)")),
+    *[p for p in POLICIES if p != "bidirl-opportunistic"],
+])
+def test_invariants_hold_on_a_found_stall(policy):
+    _check_run(build(STALL), policy)

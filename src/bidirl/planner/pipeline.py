@@ -14,7 +14,7 @@ For step ``k``::
     t0        = sync_end(k-1)                    batch k+s becomes admissible
     starts    = FIFO assignment of the pending groups to the earliest free slots
                 (a group holds its slot tau = E[max of n lengths] d + prefill)
-    ready(k)  = last start of batch k + tail(its start window)          (predict._tail)
+    ready(k)  = last start of batch k + tail(its start window)          (stages._tail)
     lend      Rollouter-on-TrainPool: if the trainer waits (ready(k) > t0) and groups
               queue at t0, ceil(queued / g) trainer units join as replicas at t0 + C_in
               and stay until ready(k), judged by the policy's rule (the last step they
@@ -23,7 +23,7 @@ For step ``k``::
               complete when the longest of them is
     start(k)  = max(ready(k), t0) [+ C_out]
     aux       Trainer-on-RollPool: primary replicas with no group left at start(k) and
-              nothing queued train a share of the micro-batches (predict._aux_theta)
+              nothing queued train a share of the micro-batches (stages._aux_theta)
     sync_end(k) = start(k) + theta_k + W
     commit    the groups that start before sync_end(k); the rest stay pending
 
@@ -65,7 +65,7 @@ class _Batch:
 
 
 class Pipeline:
-    """One envelope's recurrence.  ``m`` is ``predict._Model``; ``group_longest`` is
+    """One envelope's recurrence.  ``m`` is ``stages._Model``; ``group_longest`` is
     ``E[max of n lengths]`` in tokens."""
 
     def __init__(self, m, env, s: int, group_longest: float, theta_fn, prefill_fn=None,
@@ -151,7 +151,7 @@ class Pipeline:
 
     def _ready(self, batch: _Batch, starts: np.ndarray) -> float:
         """The batch's last response ends: its last group start plus the long tail of the
-        responses started over its start window (``predict._tail``).
+        responses started over its start window (``stages._tail``).
 
         The tail runs at the decode step the batch was admitted with.  (Letting it speed
         up as the slots empty, which ``d(b) = a + beta b`` says it should, over-predicted

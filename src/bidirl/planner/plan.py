@@ -214,7 +214,7 @@ def _break_tie(ctx: PlanContext, ranked: list[Candidate]) -> list[Candidate]:
     online decisions come out as modelled, and they are taken on estimates (cold priors,
     then calibration) that the no-borrow share does not depend on.  Measured on the regret
     bench, the envelopes the planner missed by over 8 % were one-replica rollout pools
-    carried by lent trainer units (docs/planner.md, item 11).
+    carried by lent trainer units (docs/notes/2026-11-planner-experiments.md, tie rule).
     """
     top = ranked[0].prediction.tokens_per_s
     band = [i for i, c in enumerate(ranked) if not c.prediction.screened_out

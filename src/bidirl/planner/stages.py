@@ -1,0 +1,143 @@
+"""The envelope's stage constants, and the per-batch quantities both throughput models use.
+
+``_model(ctx, env)`` resolves an envelope's stage-time models, lengths and switch costs
+into constants once (``_Model``).  The helpers are the pieces the closed form
+(``predict``) and the recurrence (``pipeline``, which ``predict`` hands ``_Model`` and
+``_aux_theta``) are built from: the running sequences at a period (Little's law), the
+saturated rollout period, a batch's wait for group slots and its long tail, the units a
+lend can feed, and the step with auxiliary trainers.  Notation as in ``predict``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from bidirl.perf.stage_models import weight_sync_s
+from bidirl.perf.switch_costs import switch_priors
+from bidirl.planner.context import PlanContext
+from bidirl.planner.envelope import Envelope
+
+
+@dataclass(frozen=True)
+class _Model:
+    """The envelope's stage constants, resolved once."""
+
+    a: float  # decode step fixed part (weights read + overhead)
+    beta: float  # decode step per running sequence
+    cap: float  # running sequences of a replica whose group slots are all taken
+    group_slots: int  # prompt groups a replica holds at once
+    tokens: float  # B E[L]: decoded tokens per step
+    longest: float  # E[max of B lengths]
+    longest_replica: float  # E[max of B / N_r lengths]
+    staggered: object  # x -> E[max_i (L_i - U_i x)] over the B responses of a batch
+    responses: int  # B
+    group_size: int
+    first_running: float  # sequences per replica in flight when the run starts
+    prefill_step_s: float  # replica-seconds of prefill per batch
+    prefill_group_s: float
+    micro_count: float  # micro-batches per step (the last one partial)
+    micro_s: float  # one full micro-batch on a primary rank
+    aux_micro_s: float  # one full micro-batch on an auxiliary trainer (rollout_tp devices)
+    max_rank_s: float  # the slowest primary rank's micro-batches
+    overhead_s: float  # o
+    weight_sync_s: float
+    c_roll: float  # roll_on_train C_in + C_out
+    c_roll_in: float  # roll_on_train C_in
+    c_train: float  # train_on_roll C_in + C_grad
+
+
+def _spans_nodes(start: int, size: int, per_node: int) -> bool:
+    return size > 0 and start // per_node != (start + size - 1) // per_node
+
+
+def _switch_costs(ctx: PlanContext, env: Envelope) -> tuple[float, float, float]:
+    """``C_in + C_out`` of a lent trainer unit, its ``C_in``, ``C_in + C_grad`` of an auxiliary."""
+    pri = switch_priors(ctx.hw, ctx.model, env.rollout_tp, max(1, env.aux_group))
+    c_roll_in = ctx.cost("roll_on_train_c_in_s", pri["roll_on_train.c_in"])
+    c_roll = c_roll_in + ctx.cost("roll_on_train_c_out_s", pri["roll_on_train.c_out"])
+    c_train = (ctx.cost("train_on_roll_c_in_s", pri["train_on_roll.c_in"])
+               + ctx.cost("train_on_roll_c_grad_s", pri["train_on_roll.c_grad"]))
+    return c_roll, c_roll_in, c_train
+
+
+def _model(ctx: PlanContext, env: Envelope) -> _Model:
+    L, hw = ctx.lengths, ctx.hw
+    rm = ctx.rollout_model(env.rollout_tp)
+    a, cc, k = rm.decode.theta
+    prefill_group = rm.prefill_s(ctx.group_size * L.prompt_tokens)
+    tm = ctx.train_model(env.train_tp)
+    tokens = ctx.tokens_per_step
+    full = int(tokens // ctx.micro_tokens)
+    rest = tokens - full * ctx.micro_tokens
+    t_full = tm.microbatch_s(ctx.micro_tokens, L.train_seq_len)
+    t_rest = tm.microbatch_s(rest, L.train_seq_len) if rest > 0 else 0.0
+    per_rank = math.ceil((full + (rest > 0)) / env.train_dp)
+    max_rank = per_rank * t_full if full >= per_rank else full * t_full + t_rest
+    t_aux = ctx.train_model(env.rollout_tp).microbatch_s(ctx.micro_tokens, L.train_seq_len)
+    spans = _spans_nodes(env.rollout_devices, env.train_devices, hw.devices_per_node)
+    w = ctx.cost("weight_sync_s", weight_sync_s(hw, ctx.model, ctx.devices > hw.devices_per_node))
+    per_replica = max(1, round(ctx.responses_per_step / env.rollout_replicas))
+    c_roll, c_roll_in, c_train = _switch_costs(ctx, env)
+    group_slots = max(1, env.rollout_concurrency // ctx.group_size)
+    return _Model(
+        a=a, beta=cc + k * L.running_context,
+        cap=group_slots * ctx.group_size * L.mean / ctx.expected_max(ctx.group_size),
+        group_slots=group_slots,
+        tokens=ctx.responses_per_step * L.mean,
+        longest=ctx.expected_max(ctx.responses_per_step),
+        longest_replica=ctx.expected_max(per_replica),
+        staggered=ctx.staggered_max(ctx.responses_per_step), responses=ctx.responses_per_step,
+        group_size=ctx.group_size,
+        first_running=(ctx.staleness + 1) * ctx.responses_per_step * L.mean
+        / (env.rollout_replicas * ctx.expected_max(ctx.responses_per_step)),
+        prefill_step_s=ctx.prompts_per_step * prefill_group, prefill_group_s=prefill_group,
+        micro_count=full + (t_rest / t_full if t_full > 0 else 0.0), micro_s=t_full,
+        aux_micro_s=t_aux, max_rank_s=max_rank,
+        overhead_s=tm.sync_s(env.train_dp, spans) + tm.optimizer_s(), weight_sync_s=w,
+        c_roll=c_roll, c_roll_in=c_roll_in, c_train=c_train)
+
+
+def _running(m: _Model, period: float, replicas: float) -> float:
+    """Mean running sequences per replica at a steady period (Little's law), capped."""
+    spare = replicas * period - m.tokens * m.beta
+    if spare <= 0:
+        return float(m.cap)
+    return min(float(m.cap), m.tokens * m.a / spare)
+
+
+def _fluid(m: _Model, replicas: float) -> float:
+    return (m.tokens * (m.a + m.beta * m.cap) / m.cap + m.prefill_step_s) / replicas
+
+
+def _queue(m: _Model, fluid: float, running: float, replicas: float) -> float:
+    """How long a batch's last group waits for a group slot after the batch is admitted:
+    all of the fluid period when the pool is saturated, none when its free group slots
+    hold the whole batch."""
+    groups = m.responses / m.group_size
+    free = replicas * m.group_slots * max(0.0, 1.0 - running / m.cap)
+    return fluid * min(1.0, max(0.0, (groups - free) / groups))
+
+
+def _tail(m: _Model, queue: float, step: float) -> float:
+    """From the last group's start to the batch's last response: responses started over
+    the ``queue`` window finish ``step * staggered(queue / step)`` after it closes."""
+    return step * m.staggered(queue / step) + m.prefill_group_s
+
+
+def _feedable(m: _Model, env: Envelope, s: int) -> int:
+    """Units the policy lends when the trainer starts waiting: ``ceil(queued / g)``, with
+    ``queued = (s + 1) G - N g`` admissible groups beyond the primaries' group slots."""
+    queued = (s + 1) * m.responses / m.group_size - env.rollout_replicas * m.group_slots
+    if queued <= 0 or not env.borrowable_replicas:
+        return 0
+    return min(env.borrowable_replicas, math.ceil(queued / m.group_slots - 1e-9))
+
+
+def _aux_theta(m: _Model, env: Envelope, idle: float) -> float:
+    """The step with auxiliary trainers on an ``idle`` share of the replicas: micro-batches
+    split by rate (``r_p = dp / t_micro``, ``r_a`` of the auxiliaries), each auxiliary
+    paying ``C_in + C_grad``."""
+    rate_p = env.train_dp / m.micro_s
+    rate_a = env.aux_trainer_ranks * idle / m.aux_micro_s
+    return m.overhead_s + (m.micro_count + rate_a * m.c_train) / (rate_p + rate_a)
