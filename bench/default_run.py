@@ -38,7 +38,7 @@ def main() -> int:
     rewards = s["rewards"]
     means = [round(statistics.mean(rewards[i:i + 50]), 3) for i in range(0, len(rewards), 50)]
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "overrides": extra, "process_wall_s": round(wall, 1),
-              "loop_wall_s": s["wall_s"], "steps": s["steps"], "tokens_per_s": s["tokens_per_s"],
+              "loop_wall_s": s["wall_s"], "steps": s["steps"], "tokens_per_s": s["throughput_tokens_per_s"],
               "reward_50_step_means": means, "reward_first": s["reward_first"], "reward_last": s["reward_last"],
               "audit_ok": s["audit_ok"], "idle_ratio": s["idle_ratio"], "borrows": s["borrows"],
               "stage_model_median_error": s["stage_model_median_error"]}

@@ -42,7 +42,7 @@ def run_policy(policy: str, steps: int, extra: list[str], workdir: Path, index: 
     sw: dict[str, list[float]] = {}
     for kind, secs in s["switches"]:
         sw.setdefault(kind, []).append(secs)
-    return {"policy": policy, "tokens_per_s": s["tokens_per_s"], "loop_wall_s": s["wall_s"],
+    return {"policy": policy, "tokens_per_s": s["throughput_tokens_per_s"], "loop_wall_s": s["wall_s"],
             "process_wall_s": round(time.perf_counter() - t0, 1), "idle_ratio": s["idle_ratio"],
             "borrows": s["borrows"], "audit_ok": s["audit_ok"], "max_staleness": s["audit"]["max_staleness"],
             "reward_last": s["reward_last"],

@@ -13,11 +13,11 @@ import os
 import pytest
 from hypothesis import settings
 
+from bidirl.runtime.vllm_env import apply_vllm_env
+
 settings.register_profile("repeatable", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
-
-from bidirl.runtime.vllm_env import apply_vllm_env
 
 apply_vllm_env()  # before any test module loads torch or vLLM
 

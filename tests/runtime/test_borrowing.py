@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
-from runtime_cli_helpers import SMALL, run_cli
+from runtime_cli_helpers import SMALL, run_script
 
 pytestmark = [pytest.mark.ray]
 
@@ -115,8 +116,9 @@ def test_reclaimed_replica_hands_back_prefixes_that_resume_exactly_once(tiny_mod
 @pytest.mark.slow
 def test_killing_a_lent_device_mid_step_loses_nothing(tmp_path):
     run = tmp_path / "run"
-    out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=8", "scheduler.policy=bidirl-opportunistic",
-                  "trainer.micro_batch_size=1", "rollout.max_new_tokens=16", "run.fault_kill_lent_device_at_step=2")
+    script = str(Path(__file__).with_name("faulty_train.py"))
+    out = run_script(script, "2", "--run-dir", str(run), *SMALL, "run.steps=8",
+                     "scheduler.policy=bidirl-opportunistic", "trainer.micro_batch_size=1", "rollout.max_new_tokens=16")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "died; redoing its work" in out.stderr
     s = json.loads((run / "summary.json").read_text())

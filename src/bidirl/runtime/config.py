@@ -80,8 +80,6 @@ class RunConfig:
     checkpoint_every: int = option(50, "steps between checkpoints; 0 disables", ge=0)
     tensorboard: bool = option(True, "write TensorBoard event files")
     plot: bool = option(True, "write a timeline plot at the end")
-    fault_kill_lent_device_at_step: int = option(
-        -1, "tests: at this step kill the actor of a rollout device lent as an auxiliary trainer; -1: never")
 
 
 @dataclass

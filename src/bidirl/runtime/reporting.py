@@ -17,9 +17,8 @@ from bidirl.obs.progress import ProgressLine
 
 
 class StepReporter:
-    def __init__(self, session, rt, cfg, workers, unit_device) -> None:
+    def __init__(self, session, rt, cfg) -> None:
         self.session, self.rt, self.cfg = session, rt, cfg
-        self.workers, self.unit_device = workers, unit_device
         self.metrics = MetricsLogger(session.run_dir, tensorboard="auto" if cfg.run.tensorboard else "none")
         self.progress = ProgressLine(cfg.run.steps, start_step=session.start_step)
         self.ledger = session.ledger_path.open("a")
@@ -36,7 +35,7 @@ class StepReporter:
             self.ledger.write(json.dumps({"group": g, "step": rec.step, "staleness": st}) + "\n")
         self.ledger.flush()
         for g in rec.group_ids:
-            rt.store.pop(g)
+            rt.job.store.pop(g)
         reward = statistics.mean(rec.rewards)
         s.rewards_by_step[rec.step] = reward
         now = rt.now()
@@ -93,8 +92,8 @@ class StepReporter:
                              idle_ratios=ratios, staleness_mean=m["staleness/mean"],
                              staleness_max=m["staleness/max"])
         every = cfg.run.checkpoint_every
-        if every and ((rec.step + 1) % every == 0) and rec.step + 1 < cfg.run.steps:
-            s.checkpoint(rec.step + 1, rt, self.workers, self.unit_device)
+        if every and ((rec.step + 1) % every == 0 or rec.step + 1 == cfg.run.steps):  # the last step too
+            s.checkpoint(rec.step + 1, rt)
 
     def _absorb_intervals(self, intervals: list) -> dict[str, float]:
         """Add the intervals closed since the last step to running totals; idle ratios so far.
@@ -121,7 +120,7 @@ class StepReporter:
         final = {"final/stage_model_median_error/" + k: v
                  for k, v in summary["stage_model_median_error"].items() if v is not None}
         final["final/wall_s"] = summary["wall_s"]
-        final["final/tokens_per_s"] = summary["tokens_per_s"]
+        final["final/throughput_tokens_per_s"] = summary["throughput_tokens_per_s"]
         self.metrics.log(cfg.run.steps, final)
         self.metrics.close()
         if intervals:

@@ -23,18 +23,19 @@ from bidirl.runtime.config import TrainConfig
 
 def _admission_summary(decisions: list) -> dict:
     """Counts of admitted / rejected borrows per direction, and the latest decisions."""
-    out: dict = {"latest": [{"direction": d.direction, "t": round(d.t, 3), "units": d.units,
-                             "benefit_s": round(d.benefit_s, 4), "cost_s": round(d.cost_s, 4), "admit": d.admit}
-                            for d in decisions[-20:]]}
-    for d in decisions:
-        key = f"{d.direction}.{'admitted' if d.admit else 'rejected'}"
-        out[key] = out.get(key, 0) + 1
-    return out
+    from bidirl.frame.result import admission_counts
+
+    return {"latest": [{"direction": d.direction, "t": round(d.t, 3), "units": d.units,
+                        "benefit_s": round(d.benefit_s, 4), "cost_s": round(d.cost_s, 4), "admit": d.admit}
+                       for d in decisions[-20:]], **admission_counts(decisions)}
 
 
 class TrainSession:
-    def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool = False) -> None:
+    def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool = False, wrap_backend=None) -> None:
+        """``wrap_backend(backend, spec) -> backend`` lets tests inject faults around the
+        device backend; production runs leave it None."""
         self.cfg, self.run_dir, self.resume = cfg, Path(run_dir), resume
+        self.wrap_backend = wrap_backend
         self.ckpt_root = self.run_dir / "checkpoints"
         self.start_step = 0
         self.rewards_by_step: dict[int, float] = {}
@@ -99,8 +100,9 @@ class TrainSession:
 
         from bidirl.controller.loop import Controller
         from bidirl.policy.base import make_policy
+        from bidirl.runtime.backend import RayBackend
+        from bidirl.runtime.executor import DeviceExecutor, Job, Layout
         from bidirl.runtime.placement import build_spec, start_workers
-        from bidirl.runtime.ray_runtime import RayRuntime
 
         cfg = self.cfg
         mean_prompt = statistics.mean(len(tok.apply_chat_template(list(r.messages), add_generation_prompt=True))
@@ -120,27 +122,24 @@ class TrainSession:
         controller = Controller(spec, make_policy(cfg.scheduler.policy))
         for kind, seconds in switch_measurements:
             controller.state.est.observe(kind, (), seconds)
-        rt = RayRuntime(controller=controller, workers=workers, unit_device=unit_device,
-                        train_devices=train_devices, store=store, new_group=new_group, reward_fn=reward_fn,
-                        decode=decode, rollout_kwargs=rollout_kwargs,
-                        trainer_kwargs={"model_dir": model_dir, "config": trainer_config},
-                        staleness=cfg.scheduler.staleness,
-                        group_offset=self.start_step * cfg.rollout.prompts_per_step,
-                        version_offset=self.start_step)
+        backend = RayBackend(workers, new_worker)
+        if self.wrap_backend is not None:
+            backend = self.wrap_backend(backend, spec)
+        job = Job(store, new_group, reward_fn, decode, rollout_kwargs,
+                  trainer_kwargs={"model_dir": model_dir, "config": trainer_config},
+                  group_offset=self.start_step * cfg.rollout.prompts_per_step, version_offset=self.start_step)
+        rt = DeviceExecutor(controller, backend, job, Layout(unit_device, train_devices))
         rt.switches.extend((f"prewarm.{k}", v) for k, v in switch_measurements)
-        rt.restart_worker = new_worker
-        rt.kill_lent_device_at_step = cfg.run.fault_kill_lent_device_at_step
         controller.bind(rt)
         from bidirl.runtime.reporting import StepReporter
 
-        reporter = StepReporter(self, rt, cfg, workers, unit_device)
+        reporter = StepReporter(self, rt, cfg)
         rt.on_step = reporter.on_step
-        t0 = time.perf_counter()
         try:
             rt.run()
         finally:
-            wall = time.perf_counter() - t0
-            intervals = rt.clock.close(rt.now())
+            wall = rt.now()
+            intervals = rt.finish()
             reporter.close()
         summary = self._summary(wall, rt, intervals)
         reporter.finish(summary, intervals)
@@ -160,38 +159,44 @@ class TrainSession:
         self.ledger_path.write_text("".join(k + "\n" for k in keep))
 
     def audit(self) -> dict:
-        """Every group of every step trained exactly once; staleness within the bound."""
+        """Every group of every step trained exactly once; staleness within the bound.
+
+        Read from ``trained_groups.jsonl``, which spans resumes, and checked by the one
+        ledger audit (``core.ledger.audit_trained``) the controller's ledger uses too.
+        """
+        from collections import Counter
+
+        from bidirl.core.ledger import audit_trained
+
         cfg = self.cfg
-        seen: dict[int, int] = {}
-        worst = 0
+        counts, staleness = Counter(), {}
         if self.ledger_path.is_file():
             for ln in self.ledger_path.read_text().splitlines():
                 rec = json.loads(ln)
-                seen[rec["group"]] = seen.get(rec["group"], 0) + 1
-                worst = max(worst, rec["staleness"])
-        expected = set(range(cfg.run.steps * cfg.rollout.prompts_per_step))
-        lost = sorted(expected - set(seen))
-        twice = sorted(g for g, c in seen.items() if c > 1)
-        return {"groups_expected": len(expected), "groups_trained": len(seen), "groups_lost": len(lost),
-                "trained_twice": len(twice), "max_staleness": worst,
-                "staleness_ok": worst <= cfg.scheduler.staleness,
-                "ok": not lost and not twice and worst <= cfg.scheduler.staleness}
+                counts[rec["group"]] += 1
+                staleness[rec["group"]] = max(staleness.get(rec["group"], 0), rec["staleness"])
+        expected = range(cfg.run.steps * cfg.rollout.prompts_per_step)
+        a = audit_trained(expected, counts, staleness, cfg.scheduler.staleness)
+        return {"groups_expected": a.groups_total, "groups_trained": a.groups_trained,
+                "groups_lost": len(a.groups_lost), "trained_twice": len(a.trained_twice),
+                "max_staleness": a.max_staleness, "mean_staleness": round(a.mean_staleness, 4),
+                "staleness_ok": not a.staleness_violations, "ok": a.ok}
 
     def _summary(self, wall: float, rt, intervals) -> dict:
-        from bidirl.obs.accounting import borrow_counts, idle_ratios
+        """``RunResult``'s names (what ``bidirl simulate`` writes), plus what training adds."""
+        from bidirl.obs.accounting import idle_ratios
 
         audit = self.audit()
         rewards = [self.rewards_by_step[k] for k in sorted(self.rewards_by_step)]
-        tokens = sum(r.total_tokens for r in rt.steps.values()) if rt else 0
+        result = run_result(self.cfg, wall, rt, intervals, audit).to_json() if rt else {
+            "steps": self.cfg.run.steps, "wall_s": 0.0, "throughput_tokens_per_s": 0.0, "borrows": {}}
         return {
-            "steps": self.cfg.run.steps, "wall_s": round(wall, 2),
+            **result, "wall_s": round(wall, 2),
             "reward_first": rewards[0] if rewards else None,
             "reward_last": statistics.mean(rewards[-3:]) if rewards else None,
-            "rewards": rewards, "tokens_per_s": round(tokens / wall, 1) if wall else 0.0,
+            "rewards": rewards,
             "groups_trained": audit["groups_trained"], "audit": audit, "audit_ok": audit["ok"],
             "idle_ratio": idle_ratios(intervals) if intervals else {},
-            "borrows": borrow_counts(intervals) if intervals else {},
-            "stage_model_median_error": rt.controller.state.est.median_errors() if rt else {},
             "switches": rt.switches if rt else [],
             "reclaim_waits": rt.reclaim_waits if rt else [],
             "lost_devices": rt.lost_devices if rt else [],
@@ -199,20 +204,16 @@ class TrainSession:
         }
 
     # -- checkpoints ----------------------------------------------------------------------
-    def checkpoint(self, next_step: int, rt, workers, unit_device) -> Path:
+    def checkpoint(self, next_step: int, rt) -> Path:
         """Snapshot trainer, cursor, buffered and in-flight groups at a step boundary."""
-        import ray
-
         out = self.ckpt_root / f"step_{next_step}"
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
-        primary = workers[rt.train_devices[0]]
-        ray.get(primary.call.remote("train", "save", str(out / "trainer")))
+        rt.call_now(rt.layout.train_devices[0], "call", "train", "save", str(out / "trainer"))
         partials = []
-        for u, role in rt.hosted.items():
-            if role == "rollout":
-                partials += ray.get(workers[unit_device(u)].call.remote("rollout", "snapshot"))
+        for u in rt.rollout.serving():
+            partials += rt.call_now(rt.unit_device(u), "call", "rollout", "snapshot")
         store = self._store
         offset = next_step * self.cfg.rollout.prompts_per_step
         state = store.state_dict()
@@ -228,7 +229,42 @@ class TrainSession:
                    "rewards_by_step": self.rewards_by_step}
         (out / "state.json").write_text(json.dumps(payload))
         (out / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
-        for old in self.ckpt_root.glob("step_*"):  # keep the newest two
-            if old != out and int(old.name.split("_")[1]) < next_step - 1:
-                shutil.rmtree(old, ignore_errors=True)
+        done = sorted((p for p in self.ckpt_root.glob("step_*") if (p / "COMPLETE").is_file()),
+                      key=lambda p: int(p.name.split("_")[1]))
+        for old in done[:-2]:  # keep the newest two complete ones
+            shutil.rmtree(old, ignore_errors=True)
         return out
+
+
+def run_result(cfg: TrainConfig, wall: float, rt, intervals, audit: dict):
+    """A real run as a ``frame.result.RunResult``: the simulator's names and meanings.
+
+    ``ideal_tokens_per_s`` packs the run's measured busy device-seconds onto every device
+    with no bubble and no switch (busy work / devices = ideal wall time).
+    """
+    from bidirl.frame.result import RunResult, admission_counts, decision_figures, pool_figures
+    from bidirl.obs.trace import trace_sha256
+
+    pools = pool_figures(rt.clock.tally)
+    steps = [rt.steps[k] for k in sorted(rt.steps)]
+    tokens = sum(r.total_tokens for r in steps)
+    busy = sum(v["busy"] for v in pools["pool_seconds"].values())
+    devices = len(rt.layout.pools)
+    ideal = tokens / (busy / devices) if busy > 0 else 0.0
+    throughput = tokens / wall if wall > 0 else 0.0
+    ends = [0.0] + [r.finished_s for r in steps]
+    lends = rt.hosting.lends
+    return RunResult(
+        policy=cfg.scheduler.policy, scenario="train", steps=len(steps), wall_s=wall, tokens_trained=tokens,
+        throughput_tokens_per_s=round(throughput, 1), mean_step_time_s=wall / max(1, len(steps)),
+        pool_busy_fraction=pools["pool_busy_fraction"], switch_time_s=pools["switch_time_s"],
+        borrows={"roll_on_train": lends["roll_on_train"], "train_on_roll": lends["train_on_roll"]},
+        ideal_tokens_per_s=ideal, efficiency=throughput / ideal if ideal else 0.0,
+        staleness={"mean": audit["mean_staleness"], "max": float(audit["max_staleness"])},
+        groups_trained=audit["groups_trained"], groups_lost=audit["groups_lost"] + audit["trained_twice"],
+        trace_sha256=trace_sha256(intervals) if intervals else "", devices=devices, seed=cfg.run.seed,
+        step_times_s=[b - a for a, b in zip(ends, ends[1:])],
+        stage_model_median_error=rt.controller.state.est.median_errors(),
+        admission=admission_counts(rt.controller.state.admissions),
+        extra={**decision_figures(rt.controller), "pool_seconds": pools["pool_seconds"],
+               "colocated_switches": lends["colocated"], "ledger_ok": audit["ok"]})

@@ -2,7 +2,7 @@
 
 The run, in order: resolve and validate the config -> build (or take) the model ->
 load the prompts -> start Ray on loopback -> one device worker per device, each hosting
-its pool's role -> controller + policy + RayRuntime -> run until the last step ->
+its pool's role -> controller + policy + DeviceExecutor -> run until the last step ->
 write the trace, the timeline, the final metrics and a checkpoint.  Everything lands in
 the run directory (``runs/<time>`` by default)::
 
@@ -76,7 +76,8 @@ def resolve_run_dir(cfg: TrainConfig, resume: str | None, run_dir: str | None) -
     return p
 
 
-def main(args) -> int:
+def main(args, wrap_backend=None) -> int:
+    """``bidirl train``; ``wrap_backend`` is the tests' fault-injection seam (see TrainSession)."""
     if args.resume:
         run_dir = resolve_run_dir(None, args.resume, None)
         cfg = load_config(str(run_dir / "config.yaml"), list(args.overrides or []))
@@ -88,9 +89,9 @@ def main(args) -> int:
         cfg.cluster.ray_address = args.ray_address
     from bidirl.runtime.session import TrainSession
 
-    session = TrainSession(cfg, run_dir, resume=bool(args.resume))
+    session = TrainSession(cfg, run_dir, resume=bool(args.resume), wrap_backend=wrap_backend)
     summary = session.run()
     print(json.dumps({k: summary[k] for k in ("steps", "wall_s", "reward_first", "reward_last",
-                                              "tokens_per_s", "groups_trained", "audit_ok")}, indent=1))
+                                              "throughput_tokens_per_s", "groups_trained", "audit_ok")}, indent=1))
     print(f"[bidirl] run directory: {run_dir}", file=sys.stderr)
     return 0 if summary["audit_ok"] else 1

@@ -44,16 +44,15 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import Counter
 
 import numpy as np
 import simpy
 
 from bidirl.controller.loop import Controller
+from bidirl.frame.device_time import Recorder
+from bidirl.frame.result import RunResult, admission_counts, decision_figures, pool_figures
 from bidirl.policy import make_policy
 from bidirl.sim import scenario as scenario_mod
-from bidirl.frame.device_time import Recorder
-from bidirl.sim.result import SimResult
 from bidirl.sim.runtime import SimRuntime
 from bidirl.sim.scenario import Pools, Scenario
 from bidirl.sim.world import build
@@ -77,7 +76,7 @@ def resolve(sc: Scenario, steps: int | None = None, seed: int | None = None,
 
 def simulate(scenario: Scenario, policy: str, steps: int | None = None,
              seed: int | None = None, record_intervals: bool = True,
-             pools: Pools | None = None) -> SimResult:
+             pools: Pools | None = None) -> RunResult:
     """Run ``policy`` on ``scenario`` and report what happened (``SimResult``)."""
     sc = resolve(scenario, steps, seed, pools)
     spec, truth, lengths = build(sc)
@@ -109,7 +108,7 @@ def simulate(scenario: Scenario, policy: str, steps: int | None = None,
 
 
 def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
-            rec: Recorder, elapsed_s: float) -> SimResult:
+            rec: Recorder, elapsed_s: float) -> RunResult:
     s, spec = controller.state, rt.spec
     wall = rt.wall_s
     audit = s.groups.audit(spec.staleness, through_batch=spec.steps - 1)
@@ -117,23 +116,14 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
     throughput = rt.tokens_trained / wall
     ideal = rt.tokens_trained / ideal_wall if ideal_wall > 0 else 0.0
     ends = [0.0] + rt.step_ends
-    dec = np.frombuffer(controller.decision_s, dtype=np.float64) * 1e6
-    dec_cpu = np.frombuffer(controller.decision_cpu_s, dtype=np.float64) * 1e6
-    per_action = dec / np.maximum(1, np.frombuffer(controller.decision_actions, dtype=np.int64))
-    totals = {p: sum(v) for p, v in rec.tally.items()}
-    admissions = Counter()
-    for d in s.admissions:
-        admissions[f"{d.direction}.{'admitted' if d.admit else 'rejected'}"] += 1
-    intervals = rec.intervals if rec.keep else []
-    return SimResult(
+    pools = pool_figures(rec.tally)
+    return RunResult(
         policy=policy, scenario=sc.name, steps=spec.steps, wall_s=wall,
         tokens_trained=rt.tokens_trained, throughput_tokens_per_s=throughput,
         mean_step_time_s=wall / spec.steps,
-        pool_busy_fraction={p: (v[0] / totals[p] if totals[p] else 0.0)
-                            for p, v in sorted(rec.tally.items())},
-        switch_time_s=sum(v[2] for v in rec.tally.values()),
-        borrows={"roll_on_train": rt.lends["roll_on_train"],
-                 "train_on_roll": rt.lends["train_on_roll"]},
+        pool_busy_fraction=pools["pool_busy_fraction"], switch_time_s=pools["switch_time_s"],
+        borrows={"roll_on_train": rt.hosting.lends["roll_on_train"],
+                 "train_on_roll": rt.hosting.lends["train_on_roll"]},
         ideal_tokens_per_s=ideal, efficiency=throughput / ideal if ideal else 0.0,
         staleness={"mean": audit.mean_staleness, "max": float(audit.max_staleness)},
         groups_trained=audit.groups_trained,
@@ -141,32 +131,17 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
         trace_sha256=_trace_sha(rec), devices=spec.devices, seed=sc.seed,
         step_times_s=[b - a for a, b in zip(ends, ends[1:])],
         stage_model_median_error=s.est.median_errors(),
-        admission=dict(sorted(admissions.items())), intervals=intervals,
+        admission=admission_counts(s.admissions), intervals=rec.intervals if rec.keep else [],
         extra={
-            **_percentiles("decision_us", dec),
-            **_percentiles("decision_cpu_us", dec_cpu),
-            # An event that admits a whole new batch issues one action per replica.
-            "decision_us_per_action_p99": float(np.percentile(per_action, 99))
-            if dec.size else 0.0,
-            "actions_max": int(max(controller.decision_actions, default=0)),
-            "events": int(dec.size), "sim_seconds": elapsed_s,
-            "colocated_switches": rt.lends["colocated"],
-            "pool_seconds": {p: dict(zip(("busy", "idle", "switching"), v))
-                             for p, v in sorted(rec.tally.items())},
+            **decision_figures(controller),
+            "sim_seconds": elapsed_s,
+            "colocated_switches": rt.hosting.lends["colocated"],
+            "pool_seconds": pools["pool_seconds"],
             "ledger_ok": audit.ok, "replica_cap": spec.replica_cap,
             "replicas": spec.n_replicas,
             "admission_net_s": sum(d.net_s for d in s.admissions if d.admit and d.guided),
         },
     )
-
-
-def _percentiles(name: str, us: np.ndarray) -> dict[str, float]:
-    """p50, p99, p99.9 and max of per-event decision times (microseconds)."""
-    if not us.size:
-        return {f"{name}_{k}": 0.0 for k in ("p50", "p99", "p999", "max")}
-    p50, p99, p999 = np.percentile(us, (50, 99, 99.9))
-    return {f"{name}_p50": float(p50), f"{name}_p99": float(p99),
-            f"{name}_p999": float(p999), f"{name}_max": float(us.max())}
 
 
 def _trace_sha(rec: Recorder) -> str:

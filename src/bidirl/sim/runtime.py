@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
 
 import simpy
 
@@ -36,13 +35,14 @@ from bidirl.controller.events import (
     WeightsSynced,
 )
 from bidirl.core.ledger import Role
-from bidirl.sim.engine import ReplicaEngine
 from bidirl.frame.device_time import BUSY, IDLE, SWITCHING, Recorder
+from bidirl.frame.hosting import HOME, LENT, Hosting
+from bidirl.frame.pump import EventPump
+from bidirl.sim.engine import ReplicaEngine
 from bidirl.sim.training import plan_step
 from bidirl.sim.workload import ResponseLengths
 from bidirl.sim.world import Truth
 
-HOME, LENDING, LENT, RECLAIMING = "home", "lending", "lent", "reclaiming"
 WAITING = "waiting for data"
 
 
@@ -60,10 +60,8 @@ class SimRuntime:
         n = spec.n_units
         self.engines: dict[int, ReplicaEngine] = {
             r: self._new_engine(0.0, 0) for r in range(spec.n_replicas)}
-        self.status = [HOME] * n
-        self.role: list[Role | None] = [None] * n
-        self.colocated: set[int] = set()
-        self.reclaim_pending: set[int] = set()
+        self.hosting = Hosting(spec.n_replicas, n)
+        self.pump = EventPump(controller)
         self.ready_at: dict[int, float] = {}
         self.paused_until = [0.0] * n
         self._token = [0] * n
@@ -72,7 +70,6 @@ class SimRuntime:
         self.measure_every = min(32, max(1, math.ceil(spec.n_replicas / 8)))
         self.partials: dict[int, dict[int, int]] = {}
         self.complete: set[int] = set()
-        self.inbox: deque = deque()
         self.dirty: set[int] = set()  # units to re-label once the controller has reacted
         self.unplanned: set[int] = set()  # replicas whose next completion must be recomputed
         self.version = 0
@@ -82,7 +79,6 @@ class SimRuntime:
         self.train_device_s = 0.0
         self.wall_s: float | None = None
         self.done = env.event()
-        self.lends = {"roll_on_train": 0, "train_on_roll": 0, "colocated": 0}
 
     # -- Runtime protocol -----------------------------------------------------------
     def now(self) -> float:
@@ -112,11 +108,10 @@ class SimRuntime:
         ev.callbacks.append(lambda _e: (fn(*args), self._pump()))
 
     def _deliver(self, event) -> None:
-        self.inbox.append(event)
+        self.pump.deliver(event)
 
     def _pump(self) -> None:
-        while self.inbox:
-            self.controller.on_event(self.inbox.popleft())
+        self.pump.pump()
         if self.wall_s is not None:
             return
         for u in sorted(self.unplanned):  # once per replica, however many groups it got
@@ -130,7 +125,7 @@ class SimRuntime:
     def _mark(self, u: int) -> None:
         """Re-label a unit hosting a rollout replica: busy if it runs responses."""
         eng = self.engines.get(u)
-        if eng is None or self.status[u] != (HOME if u < self.spec.n_replicas else LENT):
+        if eng is None or self.hosting.status[u] is not (HOME if u < self.spec.n_replicas else LENT):
             return
         now = self.env.now
         if now < self.paused_until[u] - 1e-9:
@@ -204,7 +199,7 @@ class SimRuntime:
         dur = self.truth.weight_sync_s * self.noise()
         self.rec.set(self.spec.train_devices, now, BUSY, "train", "weight sync")
         for u in range(self.spec.n_replicas):
-            if self.status[u] != HOME:
+            if self.hosting.status[u] is not HOME:
                 continue
             self._advance(u, now)
             self.engines[u].stall(now, dur)
@@ -228,7 +223,7 @@ class SimRuntime:
             raise RuntimeError(f"step {a.step} started before groups {missing[:5]} completed")
         self.complete.difference_update(a.group_ids)
         now, spec = self.env.now, self.spec
-        tl = plan_step(a, now, spec, self.truth, self.ready_at, self.colocated, self.noise)
+        tl = plan_step(a, now, spec, self.truth, self.ready_at, self.hosting.colocated, self.noise)
         devs = spec.train_devices
         self.rec.set(devs, now, BUSY, "train", f"step {a.step}")
         if tl.merge_start > tl.primary_end:
@@ -262,17 +257,11 @@ class SimRuntime:
     # -- lending --------------------------------------------------------------------
     def _lend(self, a: Lend) -> None:
         u, now = a.unit, self.env.now
-        if self.status[u] != HOME:
-            raise RuntimeError(f"unit {u} is {self.status[u]}; cannot lend it")
         if u < self.spec.n_replicas and self.engines[u].running:
             raise RuntimeError(f"replica {u} runs responses; cannot lend it")
-        kind = "roll_on_train" if a.role is Role.ROLLOUT else "train_on_roll"
+        kind = self.hosting.begin_lend(u, a.role, a.colocated)
         cost = (self.truth.colocated_switch_s if a.colocated
                 else self.truth.switch[f"{kind}.c_in"]) * self.noise()
-        self.status[u], self.role[u] = LENDING, a.role
-        if a.colocated:
-            self.colocated.add(u)
-        self.lends["colocated" if a.colocated else kind] += 1
         if a.role is Role.AUX_TRAIN:
             self.ready_at[u] = now + cost
         self._token[u] += 1
@@ -281,8 +270,8 @@ class SimRuntime:
         self._at(now + cost, self._lent, u, cost)
 
     def _lent(self, u: int, cost: float) -> None:
-        now, role = self.env.now, self.role[u]
-        self.status[u] = LENT
+        now, role = self.env.now, self.hosting.role[u]
+        reclaim_waiting = self.hosting.lent(u)
         devs = self.spec.unit_devices(u)
         if role is Role.ROLLOUT:
             self.engines[u] = self._new_engine(now, self.version)
@@ -291,21 +280,15 @@ class SimRuntime:
         else:
             self.rec.set(devs, now, IDLE, "aux_train", WAITING, True)
         self._deliver(DeviceLent(u, role, cost))
-        if u in self.reclaim_pending:
-            self.reclaim_pending.discard(u)
+        if reclaim_waiting:  # C_in had to finish before C_out could start
             self._reclaim_now(u)
 
     def _reclaim(self, a: Reclaim) -> None:
-        u = a.unit
-        if self.status[u] == LENDING:
-            self.reclaim_pending.add(u)  # C_in must finish before C_out can start
-        elif self.status[u] == LENT:
-            self._reclaim_now(u)
-        else:
-            raise RuntimeError(f"unit {u} is {self.status[u]}; cannot reclaim it")
+        if self.hosting.begin_reclaim(a.unit):
+            self._reclaim_now(a.unit)
 
     def _reclaim_now(self, u: int) -> None:
-        now, role = self.env.now, self.role[u]
+        now, role = self.env.now, self.hosting.role[u]
         if role is Role.ROLLOUT:
             self._advance(u, now)
             parts = self.engines.pop(u).interrupt()
@@ -317,19 +300,15 @@ class SimRuntime:
                     tuple(len(p[2]) for p in parts)))
         self._token[u] += 1
         self.ready_at.pop(u, None)
-        colocated = u in self.colocated
-        kind = "roll_on_train" if role is Role.ROLLOUT else "train_on_roll"
+        colocated = u in self.hosting.colocated
         cost = (self.truth.colocated_switch_s if colocated
-                else self.truth.switch[f"{kind}.c_out"]) * self.noise()
-        self.status[u] = RECLAIMING
+                else self.truth.switch[f"{self.hosting.kind(u)}.c_out"]) * self.noise()
         self.rec.set(self.spec.unit_devices(u), now, SWITCHING, role.value,
                      "switch" if colocated else "C_out", True)
         self._at(now + cost, self._reclaimed, u, cost)
 
     def _reclaimed(self, u: int, cost: float) -> None:
-        now, role = self.env.now, self.role[u]
-        self.status[u], self.role[u] = HOME, None
-        self.colocated.discard(u)
+        now, role = self.env.now, self.hosting.reclaimed(u)
         devs = self.spec.unit_devices(u)
         if u < self.spec.n_replicas:
             eng = self.engines[u]
