@@ -80,10 +80,6 @@ class Estimates:
             self.switch.observe(stage, seconds)
 
     # -- rollout --------------------------------------------------------------------
-    def group_tokens(self) -> float:
-        """Expected response tokens of one prompt group."""
-        return self.response_len.value * self.spec.group_size
-
     def tail_s(self) -> float:
         """Predicted time from a batch's last group start to its completion."""
         if self.batch_tail.samples:

@@ -63,14 +63,6 @@ class PoolTime:
     def idle_ratio(self) -> float:
         return self._ratio(self.idle_s)
 
-    @property
-    def busy_ratio(self) -> float:
-        return self._ratio(self.busy_s)
-
-    @property
-    def switching_ratio(self) -> float:
-        return self._ratio(self.switching_s)
-
 
 @dataclass(frozen=True, slots=True)
 class Violation:

@@ -91,9 +91,6 @@ class RolloutStageModel:
     def observe_decode(self, batch: int, context_tokens: float, measured_s: float) -> float:
         return self.decode.observe((1.0, batch, context_tokens), measured_s)
 
-    def observe_prefill(self, tokens: float, measured_s: float) -> float:
-        return self.prefill.observe((1.0, tokens), measured_s)
-
 
 def max_concurrency(hw: HardwareProfile, m: ModelProfile, tp: int, context_tokens: float,
                     max_num_seqs: int = MAX_NUM_SEQS) -> int:

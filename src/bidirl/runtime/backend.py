@@ -15,7 +15,7 @@ before the call completed.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -81,6 +81,3 @@ class RayBackend:
         if self.new_worker is None:
             raise DeviceLost(f"device {device} died and this backend cannot restart workers")
         self.workers[device] = self.new_worker(device)
-
-    def get_all(self, handles: Iterable) -> list:
-        return [self.get(h) for h in handles]

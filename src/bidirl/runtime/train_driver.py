@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from bidirl.controller.actions import PRIMARY, StartTrainStep
 from bidirl.controller.events import StageMeasured, TrainStepFinished
+from bidirl.core.staleness import staleness_at_training
 
 
 @dataclass
@@ -82,7 +83,7 @@ class TrainDriver:
         for g, adv in zip(gids, group_advantages_lists(rewards)):
             rec = job.store.groups[g]
             v_first = job.store.versions(g)[0]
-            stale.append(step - (v_first if v_first is not None else step))
+            stale.append(staleness_at_training(step, v_first if v_first is not None else step))
             for i in range(rec.n):
                 r = rec.done[i]
                 samples.append({"prompt_ids": rec.prompt_ids, "response_ids": r.token_ids,

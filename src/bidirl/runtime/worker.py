@@ -35,10 +35,6 @@ class DeviceWorker:
         # hot switch costs a weight load instead of an engine start.
         self.parked: dict[str, Any] = {}
 
-    def ping(self) -> dict:
-        return {"device": self.device, "pool": self.pool, "pid": os.getpid(),
-                "roles": sorted(self.roles)}
-
     # -- hosting ----------------------------------------------------------------------
     def host(self, role: str, **kwargs) -> float:
         """Bring ``role`` up on this device; returns the seconds it took (C_in)."""

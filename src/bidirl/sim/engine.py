@@ -86,12 +86,6 @@ class ReplicaEngine:
         """Decode stops for ``seconds`` from ``now`` (prefill, weight update)."""
         self.t = max(self.t, now) + seconds
 
-    def _segment(self, m: float) -> float:
-        a, c, kk = self.theta
-        b = self.b
-        s0 = self.base_sum + b * self.k
-        return m * (a + c * b + kk * s0) + kk * b * m * (m - 1) * 0.5
-
     def advance(self, until: float) -> list[int]:
         """Run decode steps up to time ``until``; returns the groups that completed."""
         done: list[int] = []
