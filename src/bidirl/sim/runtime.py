@@ -53,10 +53,7 @@ class SimRuntime:
                  lengths: ResponseLengths, controller, recorder: Recorder, seed: int) -> None:
         self.env, self.spec, self.truth, self.lengths = env, spec, truth, lengths
         self.controller, self.rec = controller, recorder
-        self._rng = random.Random(f"bidirl-sim:{seed}")
-        cv = truth.noise_cv
-        self._sigma = math.sqrt(math.log1p(cv * cv))
-        self._theta = truth.rollout.decode.theta
+        self.noise = TimingNoise(truth.noise_cv, seed)
         n = spec.n_units
         self.engines: dict[int, ReplicaEngine] = {
             r: self._new_engine(0.0, 0) for r in range(spec.n_replicas)}
@@ -65,9 +62,7 @@ class SimRuntime:
         self.ready_at: dict[int, float] = {}
         self.paused_until = [0.0] * n
         self._token = [0] * n
-        self._since_measure = [0] * n
-        self._prefill = [[0.0, 0.0, 0.0] for _ in range(n)]
-        self.measure_every = min(32, max(1, math.ceil(spec.n_replicas / 8)))
+        self.samples = _StageSamples(n, spec.n_replicas)
         self.partials: dict[int, dict[int, int]] = {}
         self.complete: set[int] = set()
         self.dirty: set[int] = set()  # units to re-label once the controller has reacted
@@ -94,13 +89,8 @@ class SimRuntime:
         self._pump()
 
     # -- plumbing -------------------------------------------------------------------
-    def noise(self) -> float:
-        if self._sigma == 0:
-            return 1.0
-        return math.exp(self._rng.gauss(-0.5 * self._sigma * self._sigma, self._sigma))
-
     def _new_engine(self, t: float, version: int) -> ReplicaEngine:
-        return ReplicaEngine(self._theta, self.spec.replica_cap, self.spec.prompt_tokens,
+        return ReplicaEngine(self.truth.rollout.decode.theta, self.spec.replica_cap, self.spec.prompt_tokens,
                              t=t, version=version)
 
     def _at(self, t: float, fn, *args) -> None:
@@ -148,16 +138,8 @@ class SimRuntime:
         self.complete.update(done)
         lens = tuple(self.lengths.lengths(g) for g in done)
         self._deliver(GroupsCompleted(u, tuple(done), lens))
-        self._since_measure[u] += len(done)
-        if self._since_measure[u] >= self.measure_every:
-            self._since_measure[u] = 0
-            m = self.engines[u].take_decode_measurement()
-            if m is not None:
-                self._deliver(StageMeasured("decode", m[0], m[1]))
-            p = self._prefill[u]
-            if p[0]:
-                self._deliver(StageMeasured("prefill", (p[0], p[1]), p[2]))
-                self._prefill[u] = [0.0, 0.0, 0.0]
+        for m in self.samples.after_completions(u, len(done), self.engines[u]):
+            self._deliver(m)
         self.dirty.add(u)
 
     def _replan(self, u: int) -> None:
@@ -186,10 +168,7 @@ class SimRuntime:
             tokens += n
             stall += prefill_s(n) * self.noise()
         eng.stall(now, stall)
-        p = self._prefill[u]
-        p[0] += len(a.group_ids)
-        p[1] += tokens
-        p[2] += stall
+        self.samples.add_prefill(u, len(a.group_ids), tokens, stall)
         self.unplanned.add(u)
         self.dirty.add(u)
 
@@ -319,6 +298,51 @@ class SimRuntime:
         else:
             self.rec.set(devs, now, IDLE, "train", WAITING)
         self._deliver(DeviceReclaimed(u, role, cost))
+
+
+class TimingNoise:
+    """Multiplicative lognormal noise of mean 1 on every simulated duration (seeded)."""
+
+    def __init__(self, cv: float, seed: int) -> None:
+        self._rng = random.Random(f"bidirl-sim:{seed}")
+        self._sigma = math.sqrt(math.log1p(cv * cv))
+
+    def __call__(self) -> float:
+        if self._sigma == 0:
+            return 1.0
+        return math.exp(self._rng.gauss(-0.5 * self._sigma * self._sigma, self._sigma))
+
+
+class _StageSamples:
+    """What the simulated replicas report to the stage models, and how often: one decode
+    and one prefill measurement per replica every ``every`` completed groups (sums of the
+    linear features, so aggregating loses nothing), fewer per group on big clusters."""
+
+    def __init__(self, n_units: int, n_replicas: int) -> None:
+        self.every = min(32, max(1, math.ceil(n_replicas / 8)))
+        self._since = [0] * n_units
+        self._prefill = [[0.0, 0.0, 0.0] for _ in range(n_units)]
+
+    def add_prefill(self, u: int, groups: int, tokens: float, seconds: float) -> None:
+        p = self._prefill[u]
+        p[0] += groups
+        p[1] += tokens
+        p[2] += seconds
+
+    def after_completions(self, u: int, groups: int, engine) -> list[StageMeasured]:
+        self._since[u] += groups
+        if self._since[u] < self.every:
+            return []
+        self._since[u] = 0
+        out = []
+        m = engine.take_decode_measurement()
+        if m is not None:
+            out.append(StageMeasured("decode", m[0], m[1]))
+        p = self._prefill[u]
+        if p[0]:
+            out.append(StageMeasured("prefill", (p[0], p[1]), p[2]))
+            self._prefill[u] = [0.0, 0.0, 0.0]
+        return out
 
 
 _EXECUTORS = {
