@@ -46,6 +46,24 @@ class AuxLending:
                 s.admissions.append(admission.AdmissionDecision(
                     "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False))
                 yield Lend(r, Role.AUX_TRAIN)
+        if self._stranded(s):
+            for u in range(s.spec.n_replicas):
+                if s.status[u] in (UnitStatus.LENDING, UnitStatus.LENT):
+                    yield Reclaim(u)
+
+    @staticmethod
+    def _stranded(s: ClusterState) -> bool:
+        """The trainer waits for a batch that nothing can roll out.
+
+        A replica lent mid-step waits for the next step, but that step needs its batch
+        first: with every primary replica away as an auxiliary trainer (none on its way
+        home) and no borrowed replica on the train pool, no event would ever come, so the
+        auxiliaries must go home and roll the batch out.
+        """
+        return (s.phase is Phase.IDLE and s.pending_sync is None and not s.finished
+                and not s.batch_ready(s.next_step) and s.trainer_home()
+                and all(s.status[u] in (UnitStatus.LENDING, UnitStatus.LENT)
+                        for u in range(s.spec.n_replicas)))
 
     def for_step(self, s: ClusterState, mbs: Sequence[MicroBatch],
                  ) -> Iterator[Action]:
