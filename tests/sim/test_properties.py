@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scenario_strategies import build, busy_scenarios, small_scenarios
+from scenario_strategies import build, busy_scenarios, no_train_unit_scenarios, small_scenarios
 
 from bidirl.obs.accounting import check_conservation
 from bidirl.policy import policy_names
@@ -53,6 +53,13 @@ def test_invariants_hold(policy, data):
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=busy_scenarios())
 def test_invariants_hold_when_guided_policies_borrow(policy, data):
+    _check_run(build(data), policy)
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if policy_class(p).lends_rollout_devices])
+@SETTINGS
+@given(data=no_train_unit_scenarios())
+def test_invariants_hold_when_only_replicas_can_be_lent(policy, data):
     _check_run(build(data), policy)
 
 
