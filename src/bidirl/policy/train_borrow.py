@@ -11,7 +11,8 @@ the auxiliaries go home (C_out) and take rollout work again.
 Guided: at step start, try k = 1, 2, 4, ... idle replicas and keep the k with the best
 predicted next-step start (``admission.train_on_roll``), if any beats not borrowing.
 Opportunistic: lend a replica as soon as it runs dry mid-step with nothing admissible to
-do; it joins the next step.
+do; it joins the next step, or goes home first if no replica is left to roll out
+that step's batch.
 """
 
 from __future__ import annotations
