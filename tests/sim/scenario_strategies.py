@@ -58,3 +58,21 @@ def busy_scenarios(draw) -> dict:
                   "train": {"dp": 8 - rollout}},
         "sim": {"timing_noise_cv": draw(st.sampled_from([0.0, 0.03]))},
     }
+
+
+@st.composite
+def no_train_unit_scenarios(draw) -> dict:
+    """A small scenario whose train pool is too small to host a borrowed replica.
+
+    Only the trainer-on-rollout direction can lend here, so a replica lent as an
+    auxiliary trainer can leave the batch the trainer waits for with nowhere to roll out.
+    """
+    d = draw(small_scenarios())
+    tp = draw(st.sampled_from([2, 4]))
+    replicas = draw(st.integers(1, 3))
+    dp = draw(st.integers(1, tp - 1))
+    d["devices"] = replicas * tp + dp
+    d["steps"] = draw(st.integers(2, 4))  # a replica is lent mid-step for a later one
+    d["pools"] = {"rollout_devices": replicas * tp, "train_devices": dp, "rollout_tp": tp,
+                  "train": {"dp": dp, "tp": 1}}
+    return d

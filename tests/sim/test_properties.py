@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scenario_strategies import build, busy_scenarios, small_scenarios
+from scenario_strategies import build, busy_scenarios, no_train_unit_scenarios, small_scenarios
 
 from bidirl.obs.accounting import check_conservation
 from bidirl.policy import policy_names
@@ -56,6 +56,13 @@ def test_invariants_hold_when_guided_policies_borrow(policy, data):
     _check_run(build(data), policy)
 
 
+@pytest.mark.parametrize("policy", [p for p in POLICIES if policy_class(p).lends_rollout_devices])
+@SETTINGS
+@given(data=no_train_unit_scenarios())
+def test_invariants_hold_when_only_replicas_can_be_lent(policy, data):
+    _check_run(build(data), policy)
+
+
 # A fixed busy scenario (8 H100s, half in each pool, long responses) on which each guided
 # policy borrows in its own direction(s): the previous test is only worth something if
 # borrowing does happen on scenarios like the ones it draws.
@@ -96,10 +103,10 @@ def test_different_seed_different_trace(policy):
 
 
 # Found by test_invariants_hold with random examples (about one run in 25 drew it):
-# bidirl-opportunistic stalls after step 0 on this 3-device scenario ("stalled at
-# t=2.607: step 1, phase idle, running 0"); bidirl and train-borrow finish it.  Kept here
-# so that it runs on every run until the policy is fixed; then this xfail fails (strict)
-# and the marker goes.
+# bidirl-opportunistic stalled after step 0 on this 3-device scenario ("stalled at
+# t=2.607: step 1, phase idle, running 0").  Its only replica ran dry mid-step and was
+# lent as an auxiliary trainer for the next step, which could never start: nothing was
+# left to roll out its batch.  Now the policy reclaims such stranded auxiliaries.
 STALL = {"name": "prop", "hardware": "H100-80GB", "model": "Qwen3-4B", "devices": 3,
          "staleness": 0, "steps": 2, "seed": 0,
          "workload": {"prompts_per_step": 1, "group_size": 1, "prompt_tokens": 1,
@@ -110,10 +117,8 @@ STALL = {"name": "prop", "hardware": "H100-80GB", "model": "Qwen3-4B", "devices"
          "sim": {"timing_noise_cv": 0.0, "prior_scale": 0.7, "micro_batch_tokens": 256}}
 
 
-@pytest.mark.parametrize("policy", [
-    pytest.param("bidirl-opportunistic", marks=pytest.mark.xfail(
-        strict=True, raises=RuntimeError, reason="stalls after step 0 (known bug)")),
-    *[p for p in POLICIES if p != "bidirl-opportunistic"],
-])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_invariants_hold_on_a_found_stall(policy):
-    _check_run(build(STALL), policy)
+    r = _check_run(build(STALL), policy)
+    if policy == "bidirl-opportunistic":  # the lend that used to strand the replica
+        assert r.borrows["train_on_roll"] > 0

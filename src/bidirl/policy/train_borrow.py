@@ -11,7 +11,8 @@ the auxiliaries go home (C_out) and take rollout work again.
 Guided: at step start, try k = 1, 2, 4, ... idle replicas and keep the k with the best
 predicted next-step start (``admission.train_on_roll``), if any beats not borrowing.
 Opportunistic: lend a replica as soon as it runs dry mid-step with nothing admissible to
-do; it joins the next step.
+do; it joins the next step, or goes home first if no replica is left to roll out
+that step's batch.
 """
 
 from __future__ import annotations
@@ -46,6 +47,24 @@ class AuxLending:
                 s.admissions.append(admission.AdmissionDecision(
                     "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False))
                 yield Lend(r, Role.AUX_TRAIN)
+        if self._stranded(s):
+            for u in range(s.spec.n_replicas):
+                if s.status[u] in (UnitStatus.LENDING, UnitStatus.LENT):
+                    yield Reclaim(u)
+
+    @staticmethod
+    def _stranded(s: ClusterState) -> bool:
+        """The trainer waits for a batch that nothing can roll out.
+
+        A replica lent mid-step waits for the next step, but that step needs its batch
+        first: with every primary replica away as an auxiliary trainer (none on its way
+        home) and no borrowed replica on the train pool, no event would ever come, so the
+        auxiliaries must go home and roll the batch out.
+        """
+        return (s.phase is Phase.IDLE and s.pending_sync is None and not s.finished
+                and not s.batch_ready(s.next_step) and s.trainer_home()
+                and all(s.status[u] in (UnitStatus.LENDING, UnitStatus.LENT)
+                        for u in range(s.spec.n_replicas)))
 
     def for_step(self, s: ClusterState, mbs: Sequence[MicroBatch],
                  ) -> Iterator[Action]:
