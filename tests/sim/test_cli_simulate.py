@@ -109,3 +109,44 @@ def test_run_grid_on_two_scenarios_all_policies():
     summary = grid.summarize(rows)
     assert set(summary["bidirl_over_async"]) == {"min", "median", "max"}
     assert summary["paper_bidirl_over_baselines"] == [1.05, 1.94]
+
+
+def test_json_without_trace_has_the_figures_of_a_run_with_trace(tmp_path, capsys):
+    """Without --trace the CLI keeps no intervals; what it reports comes from the recorder's
+    tallies and must not change. Only trace_sha256 changes kind (streaming vs trace)."""
+    plain, traced, trace = tmp_path / "plain.json", tmp_path / "traced.json", tmp_path / "t.json"
+    argv = ["simulate", "--scenario", "default", "--policy", "bidirl", "--steps", "3"]
+    assert main([*argv, "--json", str(plain)]) == 0
+    out_plain = capsys.readouterr().out
+    assert main([*argv, "--json", str(traced), "--trace", str(trace)]) == 0
+    out_traced = capsys.readouterr().out
+    a, b = json.loads(plain.read_text()), json.loads(traced.read_text())
+    for key in ("throughput_tokens_per_s", "tokens_trained", "wall_s", "mean_step_time_s",
+                "pool_busy_fraction", "switch_time_s", "borrows", "ideal_tokens_per_s",
+                "efficiency", "staleness", "groups_trained", "groups_lost", "step_times_s",
+                "admission"):
+        assert a[key] == b[key], key
+    for key in ("pool_seconds", "events", "colocated_switches", "ledger_ok"):
+        assert a["extra"][key] == b["extra"][key], key
+    assert len(a["trace_sha256"]) == len(b["trace_sha256"]) == 64
+    assert a["trace_sha256"] != b["trace_sha256"]  # streaming hash vs hash of the trace
+    assert "streaming" in out_plain and "trace   ->" not in out_plain
+    assert "trace   ->" in out_traced and trace.exists()
+
+
+def test_json_only_run_keeps_no_intervals(monkeypatch, tmp_path):
+    """The CLI asks the simulator for intervals only when --trace or --plot needs them."""
+    import bidirl.sim.run as run
+
+    asked = []
+    real = run.simulate
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs["record_intervals"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run, "simulate", spy)
+    base = ["simulate", "--scenario", "tiny-cpu", "--steps", "2"]
+    assert main([*base, "--json", str(tmp_path / "r.json")]) == 0
+    assert main([*base, "--trace", str(tmp_path / "t.json")]) == 0
+    assert asked == [False, True]
