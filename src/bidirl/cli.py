@@ -38,8 +38,7 @@ def _summary(r) -> str:
         f"train-on-roll {b.get('train_on_roll', 0)}   switching {r.switch_time_s:.1f} s",
         f"  staleness         mean {st.get('mean', 0):.2f}   max {st.get('max', 0):.0f}",
         f"  groups            trained {r.groups_trained}   lost {r.groups_lost}",
-        f"  trace sha256      {r.trace_sha256[:16]}... "
-        f"({'of the intervals' if r.intervals else 'streaming: no intervals kept'})",
+        f"  trace sha256      {r.trace_sha256[:16]}...",
     ])
 
 
@@ -145,12 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policy", default="bidirl", choices=policy_names())
     s.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
     s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--json", help="write the figures as JSON here (SimResult.to_json). "
-                   "Its trace_sha256 is, with --trace or --plot, obs.trace.trace_sha256 of the "
-                   "intervals (default process name, so not the sha256 of the trace file, "
-                   "which names the scenario and is printed after 'trace ->'); without "
-                   "them, the recorder's streaming sha256 over its interval lines. The two "
-                   "kinds differ: compare like with like")
+    s.add_argument("--json", help="write the figures as JSON here (RunResult.to_json); its "
+                   "trace_sha256 is the recorder's streaming sha256 over every interval, the same "
+                   "with or without --trace (the trace file's own sha256 is printed after 'trace ->')")
     s.add_argument("--trace", help="write a Perfetto/Chrome trace.json here (records every "
                    "device interval: slower and larger in memory than a run without it)")
     s.add_argument("--plot", help="write a timeline PNG here (records every device interval)")

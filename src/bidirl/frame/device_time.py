@@ -6,8 +6,8 @@ does; the same conservation check therefore applies to both worlds.
 Each device is always in exactly one state ``(activity, role, label, borrowed)``; a
 change closes the running interval.  Per-pool busy / idle / switching seconds are
 tallied as intervals close (so they exist even when intervals are not kept), and a
-sha256 over a canonical line per interval is kept as a stream for runs that do not keep
-intervals.
+sha256 over a canonical line per interval is kept as a stream (the run's ``trace_sha256``,
+the same whether intervals are kept or not).
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ class Recorder:
         self.tally[pool][_INDEX[activity]] += t - start
         if self.keep:
             self.intervals.append(Interval(d, pool, role, activity, start, t, label, borrowed))
-        else:  # the canonical line of this interval, hashed as a stream
-            self._sha.update(_PACK(d, start, t, borrowed))
-            self._sha.update(f"{pool}|{role}|{activity.value}|{label}\n".encode())
+        # The canonical line of every interval, hashed as a stream whether or not the
+        # intervals are kept: one ``trace_sha256`` with or without a trace.
+        self._sha.update(_PACK(d, start, t, borrowed))
+        self._sha.update(f"{pool}|{role}|{activity.value}|{label}\n".encode())
 
     def finish(self, wall: float) -> None:
         for d in sorted(self.state):

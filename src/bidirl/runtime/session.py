@@ -243,8 +243,6 @@ def run_result(cfg: TrainConfig, wall: float, rt, intervals, audit: dict):
     with no bubble and no switch (busy work / devices = ideal wall time).
     """
     from bidirl.frame.result import RunResult, admission_counts, decision_figures, pool_figures
-    from bidirl.obs.trace import trace_sha256
-
     pools = pool_figures(rt.clock.tally)
     steps = [rt.steps[k] for k in sorted(rt.steps)]
     tokens = sum(r.total_tokens for r in steps)
@@ -262,7 +260,7 @@ def run_result(cfg: TrainConfig, wall: float, rt, intervals, audit: dict):
         ideal_tokens_per_s=ideal, efficiency=throughput / ideal if ideal else 0.0,
         staleness={"mean": audit["mean_staleness"], "max": float(audit["max_staleness"])},
         groups_trained=audit["groups_trained"], groups_lost=audit["groups_lost"] + audit["trained_twice"],
-        trace_sha256=trace_sha256(intervals) if intervals else "", devices=devices, seed=cfg.run.seed,
+        trace_sha256=rt.clock.stream_sha256(), devices=devices, seed=cfg.run.seed,
         step_times_s=[b - a for a, b in zip(ends, ends[1:])],
         stage_model_median_error=rt.controller.state.est.median_errors(),
         admission=admission_counts(rt.controller.state.admissions),

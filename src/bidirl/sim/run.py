@@ -24,9 +24,8 @@ Other fields: ``switch_time_s`` is device-seconds spent switching (C_in, C_out, 
 the colocated switches of ``sync``); ``borrows`` counts lend transactions of units (a
 unit is one replica's ``rollout_tp`` devices), colocated phase switches excluded (they are
 in ``extra["colocated_switches"]``); ``admission`` counts admitted / rejected decisions
-per direction; ``trace_sha256`` is ``obs.trace.trace_sha256(intervals)`` when intervals
-are recorded, else a streaming sha256 over the recorder's canonical interval lines (the
-two differ; compare like with like).  ``extra`` holds the controller's decision time
+per direction; ``trace_sha256`` is the recorder's streaming sha256 over every interval's
+canonical line (the same whether intervals are kept or not).  ``extra`` holds the controller's decision time
 per event (``decision_us_p50/p99``) and per action, pool seconds by activity, and the
 simulator's own run time.  Decision times are per event handled by the controller,
 runtime work excluded, as wall time (``decision_us_*``) and as thread CPU time
@@ -128,7 +127,7 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
         staleness={"mean": audit.mean_staleness, "max": float(audit.max_staleness)},
         groups_trained=audit.groups_trained,
         groups_lost=spec.total_groups - audit.groups_trained + len(audit.trained_twice),
-        trace_sha256=_trace_sha(rec), devices=spec.devices, seed=sc.seed,
+        trace_sha256=rec.stream_sha256(), devices=spec.devices, seed=sc.seed,
         step_times_s=[b - a for a, b in zip(ends, ends[1:])],
         stage_model_median_error=s.est.median_errors(),
         admission=admission_counts(s.admissions), intervals=rec.intervals if rec.keep else [],
@@ -142,18 +141,6 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
             "admission_net_s": sum(d.net_s for d in s.admissions if d.admit and d.guided),
         },
     )
-
-
-def _trace_sha(rec: Recorder) -> str:
-    """sha256 of the Chrome trace bytes (``obs.trace``) when intervals are kept; otherwise
-    the recorder's streaming sha256 over its canonical interval lines."""
-    if rec.keep:
-        try:
-            from bidirl.obs.trace import trace_sha256
-        except ImportError:  # pragma: no cover - obs is part of the package
-            return rec.stream_sha256()
-        return trace_sha256(rec.intervals)
-    return rec.stream_sha256()
 
 
 def _ideal_rollout_s(rt: SimRuntime) -> float:
