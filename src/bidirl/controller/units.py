@@ -5,7 +5,8 @@ after).  Kept apart from ``ClusterState`` because these lists are what the place
 greedy (``ClusterState.plan_fill``) and every lending rule read per event, and they must
 stay consistent with each other: a load change must reach the least-loaded heap, the set
 of idle replicas and the total in the same step.  Only ``set_load`` and
-``set_accepting`` change those, so that holds by construction.
+``set_accepting`` change those, so that holds by construction (``plan_fill`` also moves
+heap entries in place, ahead of the ``AssignGroups`` commits that make them true).
 
 Unit status (the controller's optimistic copy of ``frame.hosting``, changed when an
 action is committed, not when the runtime confirms it)::
@@ -42,7 +43,7 @@ class Units:
         self.n_replicas = r
         self.status = [UnitStatus.HOME] * n
         self.colocated = [False] * n  # lent with its home role kept resident
-        self.version = [0] * n  # the policy version each unit holds
+        self.version = [0] * n  # the policy version each unit holds (state.version: newest)
         self.load = [0] * n  # responses running
         self.accepting = [u < r for u in range(n)]  # may be given groups
         self.groups: list[set[int]] = [set() for _ in range(n)]  # groups running on it
