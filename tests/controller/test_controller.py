@@ -99,7 +99,7 @@ def test_interrupted_groups_resume_first():
     g = s.groups.groups[1]
     assert g.interruptions == 1 and g.tokens_generated == 33
     assert [st.value for _, st in g.history] == ["generating", "partial", "generating"]
-    assert s.load[resume.replica] == 2 + (8 if resume.replica == 0 else 4)
+    assert s.units.load[resume.replica] == 2 + (8 if resume.replica == 0 else 4)
     _complete(c, rt, resume.replica, 1, 2.0)
     assert s.groups.groups[1].state.value == "complete"
 

@@ -35,9 +35,9 @@ def test_one_action_per_replica_round_robin_and_commit_order_free():
     # cap 12 = 3 groups of 4; staleness 1 admits batches 0 and 1 (16 groups), 12 fit.
     assert [(a.replica, a.group_ids) for a in actions] == [
         (0, (0, 4, 8)), (1, (1, 5, 9)), (2, (2, 6, 10)), (3, (3, 7, 11))]
-    assert s.next_fresh == 12 and not s._ahead
-    assert s.load == [12, 12, 12, 12, 0, 0] and s.running == 12
-    assert s.started[:2] == [8, 4]
+    assert s.queue.next_fresh == 12 and not s.queue.ahead
+    assert s.units.load == [12, 12, 12, 12, 0, 0] and s.running == 12
+    assert s.queue.started[:2] == [8, 4]
     assert not list(fill_replicas(s, s.spec.steps - 1))  # full: nothing more
 
 
@@ -51,25 +51,25 @@ def test_a_group_cannot_start_twice_or_out_of_the_queue():
     with pytest.raises(ValueError, match="group 99 cannot start"):
         s.commit(AssignGroups(1, (99,)))
     s.commit(AssignGroups(1, (1,)))
-    assert s.next_fresh == 3 and not s._ahead
+    assert s.queue.next_fresh == 3 and not s.queue.ahead
 
 
 def test_partial_groups_resume_in_any_order_and_leave_no_stale_work():
     s = _state()
     _fill(s)
     s.observe(GroupsInterrupted(1, (1, 5), (10, 20), (2, 3)), 1.0)
-    assert s.has_queued_work()
+    assert s.queue.has_work()
     s.commit(AssignGroups(2, (5,)))  # not the lowest partial group first
-    assert s._partial_head() == 1
+    assert s.queue.partial_head() == 1
     s.commit(AssignGroups(3, (1,)))
-    assert s._partial_head() is None
-    assert s.partial_in_batch[0] == 0 and s.partial_in_batch[1] == 0
+    assert s.queue.partial_head() is None
+    assert s.queue.partial_in_batch[0] == 0 and s.queue.partial_in_batch[1] == 0
     assert s.groups.groups[5].history[-1][1].value == "generating"
     # Interrupted again after a resume: it is queued once (first), not twice; replica 1,
     # the least loaded since the first interruption, resumes it and takes a fresh group.
     s.observe(GroupsInterrupted(2, (5,), (25,), (1,)), 2.0)
     assert [(a.replica, a.group_ids) for a in _fill(s)] == [(1, (5, 12))]
-    assert s._partial_head() is None
+    assert s.queue.partial_head() is None
 
 
 def test_returning_replicas_keep_their_share():
@@ -79,7 +79,7 @@ def test_returning_replicas_keep_their_share():
         s.commit(Lend(u, Role.AUX_TRAIN))
         s.observe(DeviceLent(u, Role.AUX_TRAIN, 1.0), 1.0)
         s.commit(Reclaim(u))
-    assert s.returning == {0, 1, 2}
+    assert s.units.returning == {0, 1, 2}
     actions = _fill(s)
     # 16 admissible groups x 4 responses over 4 replicas: 16 responses (4 groups) each.
     assert [(a.replica, len(a.group_ids)) for a in actions] == [(3, 4)]

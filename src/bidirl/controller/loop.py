@@ -80,10 +80,10 @@ class Controller:
     def idle_cause(self, unit: int | None) -> str:
         """Why a unit (``None``: the primary trainer) has nothing to do right now."""
         s = self.state
-        if unit is None or unit >= s.spec.n_replicas and s.status[unit].value == "home":
+        if unit is None or unit >= s.spec.n_replicas and s.units.status[unit].value == "home":
             return "waiting for data"
-        if unit < s.spec.n_replicas and s.status[unit].value != "home":
+        if unit < s.spec.n_replicas and s.units.status[unit].value != "home":
             return "waiting for data"  # an auxiliary trainer between chunks
         if s.phase.value == "syncing" or s.pending_sync is not None:
             return "waiting for weights"
-        return "staleness bound" if s.has_queued_work() else "no work"
+        return "staleness bound" if s.queue.has_work() else "no work"

@@ -5,13 +5,18 @@ and ``commit(action)`` records what the controller just asked for (optimisticall
 policy that yields several actions in a row sees the effect of the earlier ones).  Policies
 read it and never write it.
 
+It is three parts: this module (versions, phase, ledgers, estimates, and the event and
+action handlers that keep the parts consistent), ``state.queue`` (``controller/queue.py``:
+which groups wait to start, per-batch progress) and ``state.units``
+(``controller/units.py``: each unit's status, version, load, the least-loaded heap).
+
 Everything a policy asks per event is O(1) or O(log n): the least-loaded replica comes
 from a heap with lazy deletion, batch readiness from counters, the queue is a counter of
 fresh groups (in group-id order) plus a heap of partial groups waiting to be resumed.
 Filling the replicas (``plan_fill``) costs O(log units) per group placed and is committed
 as one ``AssignGroups`` per replica, so a decision that admits a whole batch stays cheap.
 
-Unit status::
+Unit status (``state.units.status``; commits and events move it)::
 
     HOME --Lend--> LENDING --DeviceLent--> LENT --Reclaim--> RECLAIMING --DeviceReclaimed--> HOME
 """
@@ -43,22 +48,19 @@ from bidirl.controller.events import (
     TrainStepFinished,
     WeightsSynced,
 )
-from bidirl.core.ledger import DeviceLedger, GroupLedger, Pool, Role, switch_kind
+from bidirl.controller.queue import GroupQueue
+from bidirl.controller.units import Units, UnitStatus
+from bidirl.core.ledger import DeviceLedger, GroupLedger, Role, switch_kind
 from bidirl.core.samples import GroupState, PromptGroup
 from bidirl.core.staleness import batch_of, may_start
+
+__all__ = ["ClusterState", "Phase", "UnitStatus"]  # UnitStatus lives in units.py
 
 
 class Phase(StrEnum):
     IDLE = "idle"
     TRAINING = "training"
     SYNCING = "syncing"
-
-
-class UnitStatus(StrEnum):
-    HOME = "home"
-    LENDING = "lending"
-    LENT = "lent"
-    RECLAIMING = "reclaiming"
 
 
 class ClusterState:
@@ -71,7 +73,6 @@ class ClusterState:
         self.groups = GroupLedger()
         self.devices = DeviceLedger.build(list(spec.rollout_devices()), list(spec.train_devices),
                                           spec.devices_per_node)
-        n = spec.n_units
         self.version = 0  # newest policy version (the primary trainer's)
         self.synced = 0  # the version the primary rollout replicas hold
         self.running = 0  # groups generating now
@@ -79,33 +80,8 @@ class ClusterState:
         self.next_step = 0  # the batch the trainer trains next
         self.pending_sync: int | None = None  # a version trained but not yet pushed
         self.step_chunks: dict[int, int] = {}  # aux unit -> micro-batches, last step started
-        self.away = {Pool.ROLLOUT: 0, Pool.TRAIN: 0}  # units not home, per owner pool
-        # Units: status, role hosted, version held, responses running, accepting groups.
-        self.status = [UnitStatus.HOME] * n
-        self.colocated = [False] * n
-        self.unit_version = [0] * n
-        self.load = [0] * n
-        self.accepting = [u < spec.n_replicas for u in range(n)]
-        self.unit_groups: list[set[int]] = [set() for _ in range(n)]
-        self.draining: set[int] = set()  # policy wants these emptied (no new groups)
-        # Replicas coming home from a borrowed role (C_out): filling leaves them their share.
-        self.returning: set[int] = set()
-        self._heap = [(0, u) for u in range(spec.n_replicas)]
-        self.idle_replicas: set[int] = set(range(spec.n_replicas))  # home, empty replicas
-        # Queue: fresh groups are next_fresh.. in id order (``_ahead``: fresh groups already
-        # committed beyond next_fresh while one decision's actions are being committed);
-        # partial groups wait in a heap of (group, seq), valid while _partial_seq agrees.
-        self.next_fresh = 0
-        self._ahead: set[int] = set()
-        self._partial: list[tuple[int, int]] = []
-        self._partial_seq: dict[int, int] = {}
-        self._seq = 0
-        self.partial_left: dict[int, int] = {}
-        self.started = [0] * spec.steps  # fresh groups started, per batch
-        self.last_start = [0.0] * spec.steps  # when a batch's last group started
-        self.total_load = 0  # responses running on all units
-        self.done = [0] * spec.steps  # groups complete, per batch
-        self.partial_in_batch = [0] * spec.steps
+        self.units = Units(spec)  # status, version, load, groups of every unit
+        self.queue = GroupQueue(spec)  # groups waiting to start, progress per batch
         self.lengths: dict[int, tuple[int, ...]] = {}
         self._assigned_at: dict[int, float] = {}
         self.staleness_max = 0
@@ -116,47 +92,25 @@ class ClusterState:
     def finished(self) -> bool:
         return self.next_step >= self.spec.steps and self.phase is not Phase.TRAINING
 
-    def batch_ready(self, b: int) -> bool:
-        return b < self.spec.steps and self.done[b] == self.spec.groups_per_step
-
     def queued_groups(self, through_batch: int) -> int:
         """Groups of batches <= ``through_batch`` not running and not complete."""
-        s = self.spec
-        last = min(through_batch, s.steps - 1)
-        fresh = max(0, (last + 1) * s.groups_per_step - self.next_fresh)
-        return fresh + sum(self.partial_in_batch[self.next_step: last + 1])
-
-    def trainer_home(self) -> bool:
-        return self.away[Pool.TRAIN] == 0
-
-    def home_replicas(self) -> int:
-        return self.spec.n_replicas - self.away[Pool.ROLLOUT]
+        return self.queue.queued(self.next_step, through_batch)
 
     def next_group(self, unit: int, limit_batch: int) -> int | None:
         """The next group (partial first, then fresh in id order) admissible on ``unit``."""
-        s, v = self.spec, self.unit_version[unit]
-        gid = self._partial_head()
+        s, q, v = self.spec, self.queue, self.units.version[unit]
+        gid = q.partial_head()
         if gid is not None:
             b = batch_of(gid, s.groups_per_step)
             if b <= limit_batch and may_start(b, v, s.staleness):
                 return gid
-        gid = self.next_fresh
+        gid = q.next_fresh
         if gid >= s.total_groups:
             return None
         b = batch_of(gid, s.groups_per_step)
         if b <= limit_batch and may_start(b, v, s.staleness):
             return gid
         return None
-
-    def queue_head(self) -> int | None:
-        """The group that starts next (partial prefixes first), if any is queued."""
-        gid = self._partial_head()
-        if gid is not None:
-            return gid
-        return self.next_fresh if self.next_fresh < self.spec.total_groups else None
-
-    def has_queued_work(self) -> bool:
-        return bool(self._partial_seq) or self.next_fresh < self.spec.total_groups
 
     def plan_fill(self, limit_batch: int) -> dict[int, list[int]]:
         """Where the queue's head goes now: unit -> group ids, in queue order.
@@ -172,10 +126,11 @@ class ClusterState:
         """
         spec = self.spec
         cap, need, gps, bound = spec.replica_cap, spec.group_size, spec.groups_per_step, spec.staleness
-        heap, load, accepting, draining = self._heap, self.load, self.accepting, self.draining
-        version, partial, partial_left = self.unit_version, self._partial, self.partial_left
-        fresh, total = self.next_fresh, spec.total_groups
-        level = self._fill_level(limit_batch) if self.returning else cap
+        units, queue = self.units, self.queue
+        heap, load, accepting, draining = units.heap, units.load, units.accepting, units.draining
+        version, partial, partial_left = units.version, queue.partial_heap, queue.partial_left
+        fresh, total, partial_head = queue.next_fresh, spec.total_groups, queue.partial_head
+        level = self._fill_level(limit_batch) if units.returning else cap
         added: dict[int, int] = {}
         plan: dict[int, list[int]] = {}
         pop, replace = heapq.heappop, heapq.heapreplace
@@ -189,7 +144,7 @@ class ClusterState:
                 break
             if lu + need > level and lu:
                 break
-            gid = self._partial_head()
+            gid = partial_head()
             if gid is not None:
                 n, resumed = partial_left[gid], True
             elif fresh < total:
@@ -220,36 +175,34 @@ class ClusterState:
             handler(self, ev)
 
     def _on_completed(self, ev: GroupsCompleted) -> None:
-        est = self.est
+        est, units, q = self.est, self.units, self.queue
+        done, partial_left = q.done, q.partial_left
         for gid, lens in zip(ev.group_ids, ev.response_lengths):
             g = self.groups.groups[gid]
-            g.note_tokens(sum(lens) - g.tokens_generated, self.unit_version[ev.replica])
+            g.note_tokens(sum(lens) - g.tokens_generated, units.version[ev.replica])
             g.move(GroupState.COMPLETE, self.t)
             self.lengths[gid] = lens
-            self.done[g.batch] += 1
+            done[g.batch] += 1
             self.running -= 1
-            if self.done[g.batch] == self.spec.groups_per_step:
-                est.batch_tail.add(self.t - self.last_start[g.batch])
-            self._unload(ev.replica, gid, len(lens) if gid not in self.partial_left
-                         else self.partial_left.pop(gid))
+            if done[g.batch] == self.spec.groups_per_step:
+                est.batch_tail.add(self.t - q.last_start[g.batch])
+            units.unload(ev.replica, gid, len(lens) if gid not in partial_left
+                         else partial_left.pop(gid))
             est.response_len.add(sum(lens) / len(lens))
             t0 = self._assigned_at.pop(gid, None)
             if t0 is not None:
                 est.group_s.add(self.t - t0)
 
     def _on_interrupted(self, ev: GroupsInterrupted) -> None:
+        units, q = self.units, self.queue
         for gid, tok, left in zip(ev.group_ids, ev.tokens_done, ev.responses_left):
             g = self.groups.groups[gid]
-            g.note_tokens(tok - g.tokens_generated, self.unit_version[ev.replica])
+            g.note_tokens(tok - g.tokens_generated, units.version[ev.replica])
             g.move(GroupState.PARTIAL, self.t)
             g.interruptions += 1
-            self._unload(ev.replica, gid, self.partial_left.get(gid, self.spec.group_size))
-            self.partial_left[gid] = left
-            self.partial_in_batch[g.batch] += 1
+            units.unload(ev.replica, gid, q.partial_left.get(gid, self.spec.group_size))
+            q.requeue(gid, g.batch, left)
             self.running -= 1
-            self._seq += 1
-            self._partial_seq[gid] = self._seq
-            heapq.heappush(self._partial, (gid, self._seq))
             self._assigned_at.pop(gid, None)
 
     def _on_step(self, ev: TrainStepFinished) -> None:
@@ -267,41 +220,36 @@ class ClusterState:
     def _on_synced(self, ev: WeightsSynced) -> None:
         self.phase = Phase.IDLE
         self.synced = ev.version
+        version = self.units.version
         for u in range(self.spec.n_replicas):
-            self.unit_version[u] = ev.version
+            version[u] = ev.version
         for u in self.spec.train_unit_ids():
-            self.unit_version[u] = max(self.unit_version[u], ev.version)
+            version[u] = max(version[u], ev.version)
         self.est.observe("weight_sync", (1.0,), ev.seconds)
 
     def _on_lent(self, ev: DeviceLent) -> None:
-        u, t0 = ev.unit, self.t - ev.seconds
+        u, t0, units = ev.unit, self.t - ev.seconds, self.units
         for d in self.spec.unit_devices(u):
             self.devices.lend(d, t0, ev.seconds)
-        if self.status[u] is UnitStatus.LENDING:
-            self.status[u] = UnitStatus.LENT
-        if self.colocated[u]:
+        if units.status[u] is UnitStatus.LENDING:
+            units.status[u] = UnitStatus.LENT
+        if units.colocated[u]:
             self.est.observe("colocated_switch", (), ev.seconds)
         else:
             self.est.observe(f"{switch_kind(ev.role)}.c_in", (), ev.seconds)
-        if ev.role is Role.ROLLOUT and self.status[u] is UnitStatus.LENT:
-            self.unit_version[u] = self.version  # borrowed replicas load the newest weights
-            self._set_accepting(u, True)
+        if ev.role is Role.ROLLOUT and units.status[u] is UnitStatus.LENT:
+            units.version[u] = self.version  # borrowed replicas load the newest weights
+            units.set_accepting(u, True)
 
     def _on_reclaimed(self, ev: DeviceReclaimed) -> None:
         u = ev.unit
         for d in self.spec.unit_devices(u):
             self.devices.reclaim(d, self.t, ev.seconds)
-        if self.colocated[u]:
+        if self.units.colocated[u]:
             self.est.observe("colocated_switch", (), ev.seconds)
         else:
             self.est.observe(f"{switch_kind(ev.role)}.c_out", (), ev.seconds)
-        self.status[u] = UnitStatus.HOME
-        self.returning.discard(u)
-        self.away[self.spec.unit_pool(u)] -= 1
-        self.colocated[u] = False
-        if u < self.spec.n_replicas:
-            self.unit_version[u] = self.synced  # it gets what its peers hold
-            self._set_accepting(u, True)
+        self.units.back_home(u, self.synced)  # a replica gets what its peers hold
 
     def _on_measured(self, ev: StageMeasured) -> None:
         self.est.observe(ev.stage, ev.features, ev.seconds)
@@ -312,19 +260,19 @@ class ClusterState:
         handler(self, action)
 
     def _do_assign(self, a: AssignGroups) -> None:
-        s, t, u = self.spec, self.t, a.replica
+        s, t, u, q, units = self.spec, self.t, a.replica, self.queue, self.units
         gps, size, prompt, total = s.groups_per_step, s.group_size, s.prompt_tokens, s.total_groups
-        by_id, started, assigned_at = self.groups.groups, self.started, self._assigned_at
-        partial, ahead, generating = self._partial_seq, self._ahead, GroupState.GENERATING
-        nxt, responses, v = self.next_fresh, 0, self.unit_version[u]
+        by_id, started, assigned_at = self.groups.groups, q.started, self._assigned_at
+        partial, ahead, generating = q.partial_seq, q.ahead, GroupState.GENERATING
+        nxt, responses, v = q.next_fresh, 0, units.version[u]
         for gid in a.group_ids:
             if gid in partial:
                 del partial[gid]  # its heap entry is stale now (lazy deletion)
                 g = by_id[gid]
-                self.partial_in_batch[g.batch] -= 1
+                q.partial_in_batch[g.batch] -= 1
                 g.move(generating, t)
                 g.replica = u
-                responses += self.partial_left[gid]
+                responses += q.partial_left[gid]
                 continue
             if gid < nxt or gid in ahead or gid >= total or gid in by_id:
                 raise ValueError(f"group {gid} cannot start: not queued (next fresh group is {nxt})")
@@ -335,7 +283,7 @@ class ClusterState:
                                      history=[(t, generating)])
             started[b] += 1
             if started[b] == gps:
-                self.last_start[b] = t
+                q.last_start[b] = t
             assigned_at[gid] = t
             responses += size
             if gid == nxt:
@@ -345,10 +293,10 @@ class ClusterState:
                     nxt += 1
             else:
                 ahead.add(gid)
-        self.next_fresh = nxt
+        q.next_fresh = nxt
         self.running += len(a.group_ids)
-        self.unit_groups[u].update(a.group_ids)
-        self._set_load(u, self.load[u] + responses)
+        units.groups[u].update(a.group_ids)
+        units.set_load(u, units.load[u] + responses)
 
     def _do_train(self, a: StartTrainStep) -> None:
         self.phase = Phase.TRAINING
@@ -363,71 +311,21 @@ class ClusterState:
         self.pending_sync = None
 
     def _do_lend(self, a: Lend) -> None:
-        u = a.unit
-        if self.status[u] is not UnitStatus.HOME:
-            raise ValueError(f"unit {u} is {self.status[u].value}; only a home unit can be lent")
-        if u < self.spec.n_replicas and self.load[u]:
-            raise ValueError(f"replica {u} still runs {self.load[u]} responses; drain it first")
-        self.status[u] = UnitStatus.LENDING
-        self.away[self.spec.unit_pool(u)] += 1
-        self.colocated[u] = a.colocated
-        self.draining.discard(u)
-        self._set_accepting(u, False)
+        self.units.begin_lend(a.unit, a.colocated)
 
     def _do_reclaim(self, a: Reclaim) -> None:
-        u = a.unit
-        if self.status[u] not in (UnitStatus.LENDING, UnitStatus.LENT):
-            raise ValueError(f"unit {u} is {self.status[u].value}; cannot reclaim")
-        self.status[u] = UnitStatus.RECLAIMING
-        if u < self.spec.n_replicas and not self.colocated[u]:
-            self.returning.add(u)
-        self._set_accepting(u, False)
+        self.units.begin_reclaim(a.unit)
 
     # -- helpers ---------------------------------------------------------------------
     def _fill_level(self, limit_batch: int) -> int:
         """The load to fill units up to while replicas are returning: the admissible work
         (running + queued responses) spread evenly over accepting and returning units.
         O(units), and only while a replica is returning (a second or so after a step)."""
-        s = self.spec
-        units = [u for u in range(s.n_units) if self.accepting[u] and u not in self.draining]
+        s, un = self.spec, self.units
+        units = [u for u in range(s.n_units) if un.accepting[u] and u not in un.draining]
         through = min(limit_batch, self.synced + s.staleness)
-        work = sum(self.load[u] for u in units) + self.queued_groups(through) * s.group_size
-        return min(s.replica_cap, math.ceil(work / (len(units) + len(self.returning))))
-
-    def _partial_head(self) -> int | None:
-        """The lowest partial group waiting to be resumed (stale heap entries dropped)."""
-        heap, seq = self._partial, self._partial_seq
-        while heap:
-            gid, n = heap[0]
-            if seq.get(gid) == n:
-                return gid
-            heapq.heappop(heap)
-        return None
-
-    def _unload(self, unit: int, gid: int, responses: int) -> None:
-        self.unit_groups[unit].discard(gid)
-        self._set_load(unit, max(0, self.load[unit] - responses))
-
-    def _set_load(self, unit: int, load: int) -> None:
-        self.total_load += load - self.load[unit]
-        self.load[unit] = load
-        if self.accepting[unit]:
-            heapq.heappush(self._heap, (load, unit))
-        if unit < self.spec.n_replicas:
-            if load == 0 and self.status[unit] is UnitStatus.HOME:
-                self.idle_replicas.add(unit)
-            else:
-                self.idle_replicas.discard(unit)
-
-    def _set_accepting(self, unit: int, on: bool) -> None:
-        self.accepting[unit] = on
-        if on:
-            heapq.heappush(self._heap, (self.load[unit], unit))
-        if unit < self.spec.n_replicas:
-            if on and self.load[unit] == 0:
-                self.idle_replicas.add(unit)
-            elif not on:
-                self.idle_replicas.discard(unit)
+        work = sum(un.load[u] for u in units) + self.queued_groups(through) * s.group_size
+        return min(s.replica_cap, math.ceil(work / (len(units) + len(un.returning))))
 
 
 _OBSERVERS = {

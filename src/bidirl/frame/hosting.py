@@ -2,9 +2,10 @@
 
     HOME --begin_lend--> LENDING --lent--> LENT --begin_reclaim--> RECLAIMING --reclaimed--> HOME
 
-The controller keeps its own, optimistic copy (``ClusterState.status``, changed when it
-*asks*); this one changes when the runtime *does*.  A reclaim that arrives while the
-lend's ``C_in`` is still under way waits for it: ``lent`` then says to start the reclaim.
+The controller keeps its own, optimistic copy (``ClusterState.units.status``, changed
+when it *asks*); this one changes when the runtime *does*.  A reclaim that arrives while
+the lend's ``C_in`` is still under way waits for it: ``lent`` then says to start the
+reclaim.
 """
 
 from __future__ import annotations

@@ -50,11 +50,11 @@ class AsyncPolicy(Policy):
             if self.may_sync(s):
                 yield SyncWeights(s.pending_sync)
             return
-        if not s.batch_ready(s.next_step):
+        if not s.queue.batch_ready(s.next_step):
             return
-        if not s.trainer_home():
+        if not s.units.trainer_home():
             for u in s.spec.train_unit_ids():
-                if s.status[u] in (UnitStatus.LENDING, UnitStatus.LENT):
+                if s.units.status[u] in (UnitStatus.LENDING, UnitStatus.LENT):
                     yield Reclaim(u)
             return
         mbs = batch_micro_batches(s)

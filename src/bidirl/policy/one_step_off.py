@@ -17,7 +17,7 @@ from bidirl.policy.base import register
 class OneStepOffPolicy(AsyncPolicy):
     def limit_batch(self, s: ClusterState) -> int:
         first_incomplete = s.next_step
-        while s.batch_ready(first_incomplete):
+        while s.queue.batch_ready(first_incomplete):
             first_incomplete += 1
         return min(s.synced + min(1, s.spec.staleness), first_incomplete)
 

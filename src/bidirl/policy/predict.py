@@ -28,25 +28,25 @@ def ready_in(s: ClusterState, b: int, add: int = 0, add_delay_s: float = 0.0,
     ``remove_s`` seconds.
     """
     spec, est = s.spec, s.est
-    if b >= spec.steps or s.batch_ready(b):
+    if b >= spec.steps or s.queue.batch_ready(b):
         return 0.0
     cap, n = spec.replica_cap, spec.group_size
     mean_len = max(est.response_len.value, 1.0)
-    active = max(s.home_replicas() + s.away[Pool.TRAIN], 1)  # + borrowed replicas
+    active = max(s.units.home_replicas() + s.units.away[Pool.TRAIN], 1)  # + borrowed replicas
     queued = s.queued_groups(b) * n
     tail = est.tail_s()
     if remove:
         kept = max(active - remove, 1)
         later = s.queued_groups(min(spec.steps - 1, s.version + spec.staleness)) * n
-        per_now = min(cap, (s.total_load + later) / active)
-        per_then = min(cap, (s.total_load + later) / kept)
+        per_now = min(cap, (s.units.total_load + later) / active)
+        per_then = min(cap, (s.units.total_load + later) / kept)
         slow = est.step_slowdown(per_now, per_then)
         tail += (slow - 1.0) * min(tail, remove_s)
         active = kept
     if queued == 0:
-        return max(0.0, s.last_start[b] + tail - s.t)
+        return max(0.0, s.queue.last_start[b] + tail - s.t)
     rate = est.replica_rate()
-    free = max(0.0, active * cap - s.total_load)
+    free = max(0.0, active * cap - s.units.total_load)
     beyond = queued - free
     if beyond <= 0:
         return tail

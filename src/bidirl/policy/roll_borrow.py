@@ -59,7 +59,7 @@ class RollLending:
         c_in = est.switch.estimate("roll_on_train.c_in")
         # Borrowed replicas take the queue's head: judge every step up to its batch (the
         # next one at s = 1, up to b + s at larger bounds), not only the next two.
-        head = s.queue_head()
+        head = s.queue.head()
         last = max(b + 1, min(limit, head // spec.groups_per_step if head is not None else b + 1))
 
         def ready(add: int, delay: float) -> tuple[float, ...]:
@@ -71,13 +71,13 @@ class RollLending:
 
     def _trainer_waits(self, s: ClusterState) -> bool:
         return (s.phase is Phase.IDLE and s.pending_sync is None and not s.finished
-                and bool(s.spec.train_units) and not s.batch_ready(s.next_step)
-                and s.trainer_home() and s.has_queued_work())
+                and bool(s.spec.train_units) and not s.queue.batch_ready(s.next_step)
+                and s.units.trainer_home() and s.queue.has_work())
 
     def _release_dry(self, s: ClusterState, unit: int) -> Iterator[Action]:
         """A borrowed replica with nothing left to run goes home now, not at step start."""
-        if (unit >= s.spec.n_replicas and s.status[unit] is UnitStatus.LENT
-                and s.load[unit] == 0 and s.next_group(unit, s.spec.steps - 1) is None):
+        if (unit >= s.spec.n_replicas and s.units.status[unit] is UnitStatus.LENT
+                and s.units.load[unit] == 0 and s.next_group(unit, s.spec.steps - 1) is None):
             yield Reclaim(unit)
 
 

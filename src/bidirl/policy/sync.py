@@ -37,30 +37,30 @@ class SyncPolicy(Policy):
         spec = s.spec
         if isinstance(event, TrainStepFinished):
             for u in range(spec.n_replicas):  # trainers go back to being replicas
-                if s.status[u] in _OUT:
+                if s.units.status[u] in _OUT:
                     yield Reclaim(u)
         if s.pending_sync is not None:
             yield SyncWeights(s.pending_sync)
             return
-        if s.batch_ready(s.next_step):
+        if s.queue.batch_ready(s.next_step):
             yield from self._train_phase(s)
             return
         for u in spec.train_unit_ids():  # rollout phase: every device generates
-            if s.status[u] is UnitStatus.HOME:
+            if s.units.status[u] is UnitStatus.HOME:
                 yield Lend(u, Role.ROLLOUT, colocated=True)
         yield from fill_replicas(s, s.synced)
 
     def _train_phase(self, s: ClusterState) -> Iterator[Action]:
         spec = s.spec
         for u in spec.train_unit_ids():
-            if s.status[u] in _OUT:
+            if s.units.status[u] in _OUT:
                 yield Reclaim(u)
         switch = s.est.colocated_switch_s()
         for u in range(spec.n_replicas):
-            if s.status[u] is UnitStatus.HOME and s.load[u] == 0:
+            if s.units.status[u] is UnitStatus.HOME and s.units.load[u] == 0:
                 yield Lend(u, Role.AUX_TRAIN, colocated=True)
-        if not s.trainer_home():
+        if not s.units.trainer_home():
             return
-        aux = [AuxExecutor(u, switch if s.status[u] is UnitStatus.LENDING else 0.0, 0.0)
-               for u in range(spec.n_replicas) if s.status[u] in _OUT]
+        aux = [AuxExecutor(u, switch if s.units.status[u] is UnitStatus.LENDING else 0.0, 0.0)
+               for u in range(spec.n_replicas) if s.units.status[u] in _OUT]
         yield build_step(s, batch_micro_batches(s), aux)

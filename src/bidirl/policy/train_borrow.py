@@ -38,18 +38,18 @@ class AuxLending:
     def actions(self, s: ClusterState, event: Event) -> Iterator[Action]:
         if isinstance(event, TrainStepFinished):
             for u in sorted(s.step_chunks):  # their chunk is merged: send them home
-                if s.status[u] is UnitStatus.LENT:
+                if s.units.status[u] is UnitStatus.LENT:
                     yield Reclaim(u)
         elif not self.guided and isinstance(event, GroupsCompleted):
             r = event.replica
-            if (s.spec.aux_trainers and r in s.idle_replicas and s.phase is Phase.TRAINING
+            if (s.spec.aux_trainers and r in s.units.idle_replicas and s.phase is Phase.TRAINING
                     and s.next_group(r, s.spec.steps - 1) is None):
                 s.admissions.append(admission.AdmissionDecision(
                     "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False))
                 yield Lend(r, Role.AUX_TRAIN)
         if self._stranded(s):
             for u in range(s.spec.n_replicas):
-                if s.status[u] in (UnitStatus.LENDING, UnitStatus.LENT):
+                if s.units.status[u] in (UnitStatus.LENDING, UnitStatus.LENT):
                     yield Reclaim(u)
 
     @staticmethod
@@ -62,8 +62,8 @@ class AuxLending:
         auxiliaries must go home and roll the batch out.
         """
         return (s.phase is Phase.IDLE and s.pending_sync is None and not s.finished
-                and not s.batch_ready(s.next_step) and s.trainer_home()
-                and all(s.status[u] in (UnitStatus.LENDING, UnitStatus.LENT)
+                and not s.queue.batch_ready(s.next_step) and s.units.trainer_home()
+                and all(s.units.status[u] in (UnitStatus.LENDING, UnitStatus.LENT)
                         for u in range(s.spec.n_replicas)))
 
     def for_step(self, s: ClusterState, mbs: Sequence[MicroBatch],
@@ -74,15 +74,15 @@ class AuxLending:
         c_grad = est.switch.estimate("train_on_roll.c_grad")
         ready = []
         for u in range(s.spec.n_replicas):  # once per step
-            if s.status[u] in (UnitStatus.LENDING, UnitStatus.LENT) and not s.colocated[u]:
-                delay = c_in if s.status[u] is UnitStatus.LENDING else 0.0
+            if s.units.status[u] in (UnitStatus.LENDING, UnitStatus.LENT) and not s.units.colocated[u]:
+                delay = c_in if s.units.status[u] is UnitStatus.LENDING else 0.0
                 ready.append(AuxExecutor(u, delay, c_grad))
         new: list[int] = []
-        if self.guided and s.spec.aux_trainers and s.idle_replicas and mbs:
+        if self.guided and s.spec.aux_trainers and s.units.idle_replicas and mbs:
             # Idle with nothing admissible: a replica that is empty only because this very
             # event (e.g. the weight sync that lets the next batch start) has not filled it
             # yet is not idle, and lending it would stall the rollout it is about to do.
-            idle = [u for u in sorted(s.idle_replicas) if s.next_group(u, s.spec.steps - 1) is None]
+            idle = [u for u in sorted(s.units.idle_replicas) if s.next_group(u, s.spec.steps - 1) is None]
             if idle:
                 new = self._choose(s, mbs, ready, idle, c_in, c_grad)
         for u in new:

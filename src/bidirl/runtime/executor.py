@@ -122,7 +122,7 @@ class DeviceExecutor:
                 st = self.controller.state
                 raise RuntimeError(
                     f"runtime stalled: nothing in flight and the run is not finished (next step {st.next_step}, "
-                    f"phase {st.phase.value}, running groups {st.running}, done per batch {st.done[:8]})")
+                    f"phase {st.phase.value}, running groups {st.running}, done per batch {st.queue.done[:8]})")
             if not self.calls.dispatch(5.0, self._device_lost):
                 time.sleep(0.001)
             self._refresh_clock()

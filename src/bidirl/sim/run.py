@@ -99,7 +99,7 @@ def simulate(scenario: Scenario, policy: str, steps: int | None = None,
         raise RuntimeError(
             f"{policy} on {sc.name} stalled at t={env.now:.3f}: step {s.next_step}, phase "
             f"{s.phase.value}, pending sync {s.pending_sync}, running {s.running}, next "
-            f"group {s.next_fresh}") from None
+            f"group {s.queue.next_fresh}") from None
     finally:
         if gc_was_on:
             gc.enable()
