@@ -1,10 +1,10 @@
 """``bidirl train``: a real GRPO run, driven by the same controller as the simulator.
 
-The run, in order: resolve and validate the config -> build (or take) the model ->
-load the prompts -> start Ray on loopback -> one device worker per device, each hosting
-its pool's role -> controller + policy + DeviceExecutor -> run until the last step ->
-write the trace, the timeline, the final metrics and a checkpoint.  Everything lands in
-the run directory (``runs/<time>`` by default)::
+The run, in order: resolve and validate the config -> load the prompts -> build (or take)
+the model -> measure every prompt with its tokenizer (``fit_prompts``) -> start Ray on
+loopback -> one device worker per device, each hosting its pool's role -> controller +
+policy + DeviceExecutor -> run until the last step -> write the trace, the timeline, the
+final metrics and a checkpoint.  Everything lands in the run directory (``runs/<time>`` by default)::
 
     config.yaml  metrics.jsonl  events.out.tfevents.*  trace.json  timeline.png
     trained_groups.jsonl (ledger audit)  summary.json  checkpoints/step_<k>/
@@ -87,7 +87,8 @@ _CHUNK = 4096
 def prompt_token_lengths(tok, rows) -> list[int]:
     """Tokens of every row's prompt, chat template applied, as ``encode_prompt`` encodes it.
 
-    Rendered and tokenized in batches (several times faster than one row at a time); the
+    Rendered and tokenized in batches (1.3-2x faster than one row at a time on 2 cores, and
+    the tokenizer spreads a batch over every core); the
     first rows of each batch are checked against :func:`encode_prompt` and, should a
     tokenizer disagree, the batch is encoded one row at a time instead.
     """
