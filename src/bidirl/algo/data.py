@@ -45,6 +45,8 @@ class PromptRow:
     extra_info: dict = field(default_factory=dict)
     index: int = 0
     """Row number in the source file (stable id for audits)."""
+    path: str = ""
+    """The source file (or ``<task NAME>``), so errors about a row can name where it is."""
 
 
 def _fail(path: Path, row: int, fieldname: str, problem: str, allowed: str) -> DataError:
@@ -97,7 +99,7 @@ def validate_row(raw: Any, path: Path | str, row: int) -> PromptRow:
         extra = {}
     if not isinstance(extra, dict):
         raise _fail(path, row, "extra_info", f"is {type(extra).__name__}", "an object or null")
-    return PromptRow(messages, source, reward["ground_truth"], dict(extra), row)
+    return PromptRow(messages, source, reward["ground_truth"], dict(extra), row, str(path))
 
 
 def _read_jsonl(path: Path) -> list[Any]:

@@ -42,6 +42,11 @@ class DataConfig:
     reward_fn: str | None = option(None, "path to a .py file defining compute_score(...)")
     reward_fn_name: str = option("compute_score", "the reward function's name in reward_fn")
     seed: int = option(0, "data shuffling seed")
+    max_prompt_length: int = option(
+        512, "longest prompt in tokens (chat template applied, as the rollout sees it); vLLM's "
+        "max_model_len is the longest kept prompt + rollout.max_new_tokens", ge=1)
+    filter_overlong_prompts: bool = option(
+        False, "drop (and count) rows longer than max_prompt_length; false: such a row is an error")
 
 
 @dataclass

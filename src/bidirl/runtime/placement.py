@@ -15,7 +15,10 @@ from bidirl.controller.cluster import ClusterSpec
 from bidirl.runtime.config import ConfigError, TrainConfig
 
 
-def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: int) -> ClusterSpec:
+def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float) -> ClusterSpec:
+    """The controller's view of the run; ``prompt_tokens`` is the data's measured mean prompt
+    (``train.fit_prompts``), rounded for the stage models."""
+    prompt_tokens = max(1, round(prompt_tokens))
     r, t = cfg.cluster.rollout_devices, cfg.cluster.train_devices
     on_gpu = cfg.cluster.device == "cuda"
     mean_len = cfg.rollout.max_new_tokens // 2

@@ -53,12 +53,13 @@ class TrainSession:
         from bidirl.algo.tiny_model import encode_prompt, load_tokenizer
         from bidirl.runtime.cluster import ray_session
         from bidirl.runtime.group_store import GroupStore
-        from bidirl.runtime.train import prepare_data, prepare_model
+        from bidirl.runtime.train import fit_prompts, prepare_data, prepare_model
 
         cfg = self.cfg
         rows, reward_fn = prepare_data(cfg)  # bad data fails before any slow set-up
         model_dir = prepare_model(cfg)
         tok = load_tokenizer(model_dir)
+        rows, self.prompt_lengths = fit_prompts(cfg, rows, tok, model_dir)  # before Ray and any worker
         cursor = PromptCursor(rows, seed=cfg.data.seed)
         store = GroupStore(cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
                            cfg.run.seed)
@@ -105,11 +106,10 @@ class TrainSession:
         from bidirl.runtime.placement import build_spec, start_workers
 
         cfg = self.cfg
-        mean_prompt = statistics.mean(len(tok.apply_chat_template(list(r.messages), add_generation_prompt=True))
-                                      for r in rows[:64])
-        spec = build_spec(cfg, remaining, int(mean_prompt))
+        mean_prompt = self.prompt_lengths.mean  # measured over every row (train.fit_prompts)
+        spec = build_spec(cfg, remaining, mean_prompt)
         rollout_kwargs = dict(model_dir=model_dir, max_num_seqs=cfg.rollout.max_num_seqs,
-                              max_model_len=int(mean_prompt) * 4 + cfg.rollout.max_new_tokens + 64,
+                              max_model_len=self.prompt_lengths.max_model_len,
                               dtype=cfg.model.dtype, kv_cache_bytes=cfg.rollout.kv_cache_mb << 20)
         from bidirl.engines.trainer_config import trainer_wire
 
