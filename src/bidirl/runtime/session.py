@@ -78,6 +78,7 @@ class TrainSession:
             self._truncate_ledger(0)
         remaining = cfg.run.steps - self.start_step
         if remaining <= 0:
+            print(f"[bidirl] this run is finished ({cfg.run.steps} steps); nothing to train", file=sys.stderr)
             return self._summary(0.0, None, [])
         prompt_ids = {}
 
@@ -94,9 +95,9 @@ class TrainSession:
 
         self._cursor, self._store = cursor, store
         with ray_session(cfg.cluster.ray_address, num_cpus=cfg.cluster.rollout_devices + cfg.cluster.train_devices):
-            return self._run_cluster(model_dir, ckpt, remaining, store, new_group, reward_fn, decode, rows, tok)
+            return self._run_cluster(model_dir, ckpt, remaining, store, new_group, reward_fn, decode)
 
-    def _run_cluster(self, model_dir, ckpt, remaining, store, new_group, reward_fn, decode, rows, tok) -> dict:
+    def _run_cluster(self, model_dir, ckpt, remaining, store, new_group, reward_fn, decode) -> dict:
         import ray
 
         from bidirl.controller.loop import Controller
