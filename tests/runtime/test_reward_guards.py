@@ -41,6 +41,7 @@ def _reward(bad_value):
 
 BAD = [(NAN, "nan"), (INF, "inf"), (-INF, "-inf"), (None, "None"), ("0.5", "'0.5'"), (object(), "object"),
        ([1.0], "[1.0]"), ({"acc": 1.0}, "without a 'score'"), ({"score": NAN}, "nan"), ({"score": "1"}, "'1'"),
+       (1e39, "float32"), (np.array([1.0]), "ndarray"),
        (KeyError("ground_truth"), "raised KeyError"), (ZeroDivisionError("division\nby zero"), "ZeroDivisionError")]
 
 
@@ -79,6 +80,7 @@ def test_reward_fn_carries_the_choice_and_an_explicit_one_wins():
 
 @pytest.mark.parametrize(("value", "expected"), [(True, 1.0), (False, 0.0), (1, 1.0), (0.25, 0.25),
                                                  (np.float32(0.5), 0.5), (np.int64(1), 1.0),
+                                                 (np.bool_(True), 1.0), (np.array(0.75), 0.75),
                                                  ({"score": 1, "acc": True}, 1.0), ({"score": False}, 0.0)])
 def test_numbers_bools_and_score_dicts_are_rewards(value, expected):
     rewards = _store().score(7, _reward(value), _decode)

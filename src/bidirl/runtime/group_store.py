@@ -38,18 +38,24 @@ class BadRewardError(DataError):
 def reward_value(value: Any) -> float | None:
     """The reward as a finite float, or None when ``value`` is not one.
 
-    Numbers (bool and int included, numpy scalars too) and ``{"score": number, ...}``
-    dicts (veRL's richer return) are rewards; NaN, inf and everything else are not.
+    Numbers (bool and int included; numpy scalars and 0-d arrays or tensors too) and
+    ``{"score": number, ...}`` dicts (veRL's richer return) are rewards; NaN, inf, numbers
+    beyond float32's range (advantages are float32) and everything else are not.
     """
     if isinstance(value, dict) and "score" in value:
         value = value["score"]
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        value = value.item()  # np.float32(1), np.bool_(True), torch.tensor(1.0)
     if isinstance(value, numbers.Real):
         try:
             x = float(value)
         except (TypeError, ValueError, OverflowError):
             return None
-        return x if math.isfinite(x) else None
+        return x if math.isfinite(x) and abs(x) <= _FLOAT32_MAX else None
     return None
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _one_line(text: str, limit: int) -> str:
@@ -64,7 +70,7 @@ def describe_bad_reward(raw: Any) -> str:
     if isinstance(raw, dict):
         kind = "a dict whose 'score' is not a finite number" if "score" in raw else "a dict without a 'score'"
     elif isinstance(raw, numbers.Real):
-        kind = "not a finite number"
+        kind = "not a finite float32 number" if math.isfinite(float(raw)) else "not a finite number"
     else:
         kind = f"a {type(raw).__name__}, not a number"
     return f"returned {_one_line(repr(raw), 80)} ({kind})"
