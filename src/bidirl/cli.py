@@ -181,7 +181,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
     errors: list[type[Exception]] = [UserError, ScenarioError, FileNotFoundError]
     for mod, name in (("bidirl.runtime.config", "ConfigError"), ("bidirl.algo.data", "DataError"),
-                      ("bidirl.planner.plan", "PlanError")):
+                      ("bidirl.planner.plan", "PlanError"), ("bidirl.engines.trainer_config", "NonFiniteError")):
         try:
             errors.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):
@@ -189,12 +189,25 @@ def _user_errors() -> tuple[type[Exception], ...]:
     return tuple(errors)
 
 
+def _message(e: Exception) -> str:
+    """The error's own message, in one line.
+
+    An error raised inside a device worker (e.g. ``NonFiniteStepError``) reaches the driver
+    as Ray's ``RayTaskError``, an instance of the original class whose text is the remote
+    traceback; its ``cause`` is the original exception.
+    """
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException) and any(c.__name__ == "RayTaskError" for c in type(e).__mro__):
+        return " ".join(str(cause).split())
+    return str(e)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except _user_errors() as e:
-        print(f"bidirl {args.command}: error: {e}", file=sys.stderr)
+        print(f"bidirl {args.command}: error: {_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"bidirl {args.command}: interrupted", file=sys.stderr)

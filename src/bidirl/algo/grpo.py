@@ -9,6 +9,7 @@ Advantages (one scalar per response, broadcast over its tokens)::
 
 ``std`` is the Bessel-corrected sample std (as torch.std, veRL and TRL use); a group of one
 response has advantage 0. A group whose rewards are all equal has advantage 0 either way.
+A non-finite reward is refused (``ValueError``): it would make its whole group NaN.
 
 Per-token loss for a response token t of sequence b, with current log-prob ``logp``,
 behaviour log-prob ``old`` (from the engine that sampled it) and reference ``ref``::
@@ -50,6 +51,10 @@ def group_advantages(
     # float64 so the mean of equal rewards is exactly that reward: a group with no signal must
     # get advantage 0, not rounding noise divided by (0 + eps).
     rewards_P_G = rewards_P_G.to(torch.float64)
+    if not bool(torch.isfinite(rewards_P_G).all()):  # one NaN would make its whole group's advantages NaN
+        bad = [tuple(ix) for ix in (~torch.isfinite(rewards_P_G)).nonzero().tolist()][:3]
+        raise ValueError(f"group_advantages: non-finite reward(s) at (prompt, response) {bad}; "
+                         "rewards must be finite numbers (the runtime checks them in GroupStore.score)")
     if rewards_P_G.shape[1] < 2:
         return torch.zeros_like(rewards_P_G, dtype=torch.float32)
     centred_P_G = rewards_P_G - rewards_P_G.mean(dim=1, keepdim=True)

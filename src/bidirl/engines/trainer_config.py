@@ -11,14 +11,32 @@ scheduler's micro-batches; the runtime hands the trainer explicit micro-batches,
 torch trainer's old default (8) only ever applied to direct ``train_step(samples)`` calls.
 Device and seed are not trainer settings: they come from ``cluster.device`` and
 ``run.seed`` (``trainer_wire`` below is the one place the runtime bundles them).
+
+``on_nonfinite`` is what happens when a step's loss or gradient norm is not finite (a
+NaN reward that got through, an overflow): ``skip`` leaves the weights and the optimizer
+state as they were and counts the step (``actor/skipped_steps``); ``stop`` raises
+:class:`NonFiniteStepError`, so the run ends with its last checkpoint intact.  The
+exceptions live here, torch-free, so the CLI can map them to one-line errors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from bidirl.core.typed_config import as_dict, build, check_fields, option
+
+
+class NonFiniteError(RuntimeError):
+    """Training met a non-finite loss, gradient or weight (reported in one line)."""
+
+
+class NonFiniteStepError(NonFiniteError):
+    """A step's loss or gradient norm was not finite and ``on_nonfinite`` is ``stop``."""
+
+
+class NonFiniteWeightsError(NonFiniteError):
+    """Refused to write (save) weights that hold NaN or inf."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +54,9 @@ class TrainerConfig:
     betas: tuple[float, float] = option((0.9, 0.999), "AdamW betas")
     adam_eps: float = option(1e-8, "AdamW epsilon", gt=0)
     threads: int = option(1, "torch intra-op threads per device worker", ge=1)
+    on_nonfinite: Literal["skip", "stop"] = option(
+        "skip", "a step whose loss or grad norm is NaN/inf: skip it (weights and optimizer state "
+        "unchanged, counted in actor/skipped_steps) or stop the run (the last checkpoint stays good)")
 
     def __post_init__(self) -> None:
         check_fields(self)

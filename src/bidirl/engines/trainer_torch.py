@@ -21,6 +21,10 @@ Data parallel: each rank holds a different slice of the batch; every loss is nor
 token count of the *global* batch (see :mod:`bidirl.algo.grpo`), so the all-reduce is a SUM,
 and DP=k reproduces DP=1 up to float rounding.
 
+Non-finite guard: ``apply_grads`` checks the all-reduced loss and gradient norm before the
+optimizer step; a NaN/inf skips the step or stops the run (``TrainerConfig.on_nonfinite``),
+and no checkpoint or model directory is ever written with non-finite weights.
+
 Gradients and weights cross process boundaries as ``{name: np.ndarray}`` (flat fp32 for
 gradients): numpy moves through Ray's object store about 10x faster than torch tensors.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,10 +51,11 @@ from bidirl.engines.train_batch import (
     count_tokens,
     make_microbatches,
 )
-from bidirl.engines.trainer_config import TrainerConfig
+from bidirl.engines.trainer_config import NonFiniteStepError, NonFiniteWeightsError, TrainerConfig
 
-__all__ = ["GradChunk", "Microbatch", "TorchTrainer", "TrainSample", "TrainerConfig", "collate",
-           "count_tokens", "init_process_group", "make_microbatches", "set_torch_threads"]
+__all__ = ["GradChunk", "Microbatch", "NonFiniteStepError", "NonFiniteWeightsError", "TorchTrainer", "TrainSample",
+           "TrainerConfig", "collate", "count_tokens", "init_process_group", "make_microbatches",
+           "set_torch_threads"]
 
 _ORIGINAL_SET_NUM_THREADS = torch._C.set_num_threads  # vLLM's CPU worker replaces torch.set_num_threads
 
@@ -96,7 +102,9 @@ class TorchTrainer:
         )
         self.process_group = process_group
         self.version = 0
-        """Number of optimizer steps applied (the policy version these weights are)."""
+        """Training steps taken (the policy version these weights are); a skipped step counts."""
+        self.skipped_steps = 0
+        """Steps skipped for a non-finite loss or gradient (``on_nonfinite="skip"``)."""
 
     # ------------------------------------------------------------------ forward passes
     def _logp(self, batch: Collated) -> torch.Tensor:
@@ -164,7 +172,11 @@ class TorchTrainer:
         """Sum chunk gradients in the given order, all-reduce over DP, clip, step AdamW.
 
         Returns step metrics (loss parts summed over chunks and ranks, ``grad_norm`` before
-        clipping, the new ``version``).
+        clipping, the new ``version``, ``skipped`` (1.0 if this step was skipped) and the
+        running ``skipped_steps``).  A non-finite loss or grad norm never reaches the
+        optimizer: the step is skipped (weights and AdamW state untouched, the version still
+        advances) or, with ``on_nonfinite="stop"``, :class:`NonFiniteStepError` is raised
+        with the version unchanged.
         """
         partials = [g for chunk in chunks for g in chunk.grads]
         if not partials:
@@ -187,11 +199,25 @@ class TorchTrainer:
             norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.max_grad_norm, foreach=False)
         else:
             norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params.values()]))
-        self.optimizer.step()
+        # Decided on the all-reduced gradient and metrics, which every DP rank holds alike:
+        # all ranks skip (or stop) together, and none waits in a collective for another.
+        grad_norm, loss = float(norm), float(metrics.get("loss", 0.0))
+        finite = math.isfinite(grad_norm) and math.isfinite(loss)
+        if finite:
+            self.optimizer.step()
         for p in self.params.values():
             p.grad = None
-        self.version += 1
-        metrics.update(grad_norm=float(norm), version=self.version)
+        if not finite:
+            what = f"loss {loss}, grad norm {grad_norm}"
+            if self.config.on_nonfinite == "stop":
+                raise NonFiniteStepError(
+                    f"step {self.version}: non-finite {what}; stopped before the optimizer step "
+                    "(trainer.on_nonfinite=stop): no weight was changed or written; resume from the last "
+                    "checkpoint with bidirl train --resume RUN_DIR, or set trainer.on_nonfinite=skip")
+            self.skipped_steps += 1
+        self.version += 1  # a skipped step still counts: its weights are the previous version's
+        metrics.update(grad_norm=grad_norm, version=self.version, skipped=float(not finite),
+                       skipped_steps=self.skipped_steps)
         return metrics
 
     def _all_reduce(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -271,24 +297,38 @@ class TorchTrainer:
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "version": self.version,
+            "skipped_steps": self.skipped_steps,
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
-        """Weights as safetensors (HF names), optimizer via torch.save, version as JSON."""
+        """Weights as safetensors (HF names), optimizer via torch.save, version as JSON.
+
+        Refuses (``NonFiniteWeightsError``, before writing anything) weights with NaN or inf.
+        """
         from safetensors.torch import save_file
 
         ckpt_dir = Path(ckpt_dir)
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
         weights = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        self._check_finite(weights, ckpt_dir)
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
         save_file(weights, str(ckpt_dir / "model.safetensors"))
         torch.save(self.optimizer.state_dict(), ckpt_dir / "optimizer.pt")
-        (ckpt_dir / "trainer_state.json").write_text(json.dumps({"version": self.version}))
+        (ckpt_dir / "trainer_state.json").write_text(
+            json.dumps({"version": self.version, "skipped_steps": self.skipped_steps}))
         return ckpt_dir
+
+    def _check_finite(self, weights: dict[str, torch.Tensor], where: Path) -> None:
+        bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            raise NonFiniteWeightsError(
+                f"refusing to write {where}: {len(bad)} weight tensor(s) hold NaN/inf at version "
+                f"{self.version} (first: {bad[0]}); the last checkpoint written stays the good one")
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
         from safetensors.torch import load_file
@@ -296,11 +336,16 @@ class TorchTrainer:
         ckpt_dir = Path(ckpt_dir)
         self.model.load_state_dict(load_file(str(ckpt_dir / "model.safetensors")))
         self.optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
-        self.version = int(json.loads((ckpt_dir / "trainer_state.json").read_text())["version"])
+        state = json.loads((ckpt_dir / "trainer_state.json").read_text())
+        self.version = int(state["version"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
-        """A complete HF model directory (weights + config + tokenizer files) for engines."""
+        """A complete HF model directory (weights + config + tokenizer files) for engines.
+
+        Refuses weights with NaN or inf, like :meth:`save_checkpoint`."""
         out_dir = Path(out_dir)
+        self._check_finite({k: v.detach() for k, v in self.model.state_dict().items()}, out_dir)
         self.model.save_pretrained(out_dir, safe_serialization=True)
         for f in self.model_dir.iterdir():
             if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "special_tokens_map.json"):

@@ -41,6 +41,10 @@ class DataConfig:
     files: list[str] = option(default_factory=list, doc="veRL-style .parquet / .jsonl files (key=a,b)")
     reward_fn: str | None = option(None, "path to a .py file defining compute_score(...)")
     reward_fn_name: str = option("compute_score", "the reward function's name in reward_fn")
+    on_bad_reward: Literal["error", "zero"] = option(
+        "error", "a reward that is not a finite number (NaN, inf, None, a string; or the function raised): "
+        "error stops the run naming the row, response and value; zero scores it 0 and counts it "
+        "(reward/bad_count)")
     seed: int = option(0, "data shuffling seed")
     max_prompt_length: int = option(
         512, "longest prompt in tokens (chat template applied, as the rollout sees it); vLLM's "

@@ -6,14 +6,100 @@ partial responses, and turns a complete batch into GRPO training samples *in gro
 order* (never completion order), so a run is reproducible and borrowing cannot change
 what is trained.  Its ``state_dict`` holds every buffered and in-flight response, which
 is what a checkpoint needs to lose nothing on resume.
+
+Rewards are checked where they enter (``score``): the veRL-signature function may return a
+number (a bool or an int is one, as in veRL) or a dict with a ``"score"`` number; anything
+else — NaN, inf, None, a string, another object, or an exception it raised — is a *bad
+reward*.  By ``data.on_bad_reward`` it is either a :class:`BadRewardError` naming the group,
+its prompt, the response index and text and the value (``"error"``, the default: one NaN
+reward would otherwise turn its whole group's advantages, then every weight, into NaN), or
+scored 0 and counted per group (``"zero"``; the reporter logs ``reward/bad_count``).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from bidirl.algo.data import DataError
 from bidirl.runtime.rollout_role import ResponseRequest, ResponseResult
+
+OnBadReward = Literal["error", "zero"]
+
+
+class BadRewardError(DataError):
+    """The reward function raised, or returned something that is not a finite number."""
+
+
+def reward_value(value: Any) -> float | None:
+    """The reward as a finite float, or None when ``value`` is not one.
+
+    Numbers (bool and int included; numpy scalars and 0-d arrays or tensors too) and
+    ``{"score": number, ...}`` dicts (veRL's richer return) are rewards; NaN, inf, numbers
+    beyond float32's range (advantages are float32) and everything else are not.
+    """
+    if isinstance(value, dict) and "score" in value:
+        value = value["score"]
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        value = value.item()  # np.float32(1), np.bool_(True), torch.tensor(1.0)
+    if isinstance(value, numbers.Real):
+        try:
+            x = float(value)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return x if math.isfinite(x) and abs(x) <= _FLOAT32_MAX else None
+    return None
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _one_line(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_bad_reward(raw: Any) -> str:
+    """What was wrong, in a few words: ``returned nan`` / ``raised KeyError: 'x'``."""
+    if isinstance(raw, BaseException):
+        return f"raised {type(raw).__name__}: {_one_line(str(raw), 160)}"
+    if isinstance(raw, dict):
+        kind = "a dict whose 'score' is not a finite number" if "score" in raw else "a dict without a 'score'"
+    elif isinstance(raw, numbers.Real):
+        kind = "not a finite float32 number" if math.isfinite(float(raw)) else "not a finite number"
+    else:
+        kind = f"a {type(raw).__name__}, not a number"
+    return f"returned {_one_line(repr(raw), 80)} ({kind})"
+
+
+def call_reward(reward_fn: Callable, data_source: str, solution_str: str, ground_truth: Any,
+                extra_info: dict) -> tuple[float | None, Any]:
+    """(reward or None, what the function returned or raised)."""
+    try:
+        raw = reward_fn(data_source, solution_str, ground_truth, extra_info)
+    except Exception as e:  # noqa: BLE001 - the user's function: any failure is reported, not crashed on
+        return None, e
+    return reward_value(raw), raw
+
+
+@dataclass
+class RewardFn:
+    """The run's reward function with the choice for bad rewards (``data.on_bad_reward``).
+
+    ``GroupStore.score`` reads ``on_bad_reward`` from it, so the choice travels with the
+    function wherever the runtime passes it.
+    """
+
+    fn: Callable[..., Any]
+    on_bad_reward: OnBadReward = "error"
+    name: str = "compute_score"
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None):
+        return self.fn(data_source, solution_str, ground_truth, extra_info)
 
 
 @dataclass
@@ -28,6 +114,7 @@ class GroupRecord:
     done: dict[int, ResponseResult] = field(default_factory=dict)
     partial: dict[int, ResponseResult] = field(default_factory=dict)
     rewards: dict[int, float] = field(default_factory=dict)
+    bad: dict[int, str] = field(default_factory=dict)  # response index -> why it scored 0
 
     @property
     def complete(self) -> bool:
@@ -35,9 +122,16 @@ class GroupRecord:
 
 
 class GroupStore:
-    def __init__(self, n: int, max_new_tokens: int, temperature: float, seed: int) -> None:
+    def __init__(self, n: int, max_new_tokens: int, temperature: float, seed: int,
+                 on_bad_reward: OnBadReward = "error") -> None:
+        """``on_bad_reward`` applies to reward functions that carry no choice of their own
+        (a :class:`RewardFn` does)."""
+        if on_bad_reward not in ("error", "zero"):
+            raise ValueError(f"on_bad_reward must be 'error' or 'zero', got {on_bad_reward!r}")
         self.n, self.max_new_tokens, self.temperature, self.seed = n, max_new_tokens, temperature, seed
+        self.on_bad_reward = on_bad_reward
         self.groups: dict[int, GroupRecord] = {}
+        self._warned_bad = False
 
     def add(self, group_id: int, prompt_uid: str, prompt_ids: list[int], data_source: str,
             ground_truth: Any, extra_info: dict | None = None) -> GroupRecord:
@@ -92,17 +186,43 @@ class GroupStore:
         vs = [v for r in list(rec.done.values()) + list(rec.partial.values()) for v in r.versions]
         return (min(vs) if vs else None, max(vs) if vs else None, len(vs))
 
-    def score(self, group_id: int, reward_fn, decode) -> list[float]:
-        """Rewards of a complete group, in response order (cached)."""
+    def score(self, group_id: int, reward_fn, decode, on_bad_reward: OnBadReward | None = None) -> list[float]:
+        """Rewards of a complete group, in response order (cached), each a finite float.
+
+        A bad reward (see the module doc) raises :class:`BadRewardError` or scores 0 and is
+        recorded in ``rec.bad``, by ``on_bad_reward``, else the function's own
+        ``on_bad_reward`` attribute (:class:`RewardFn`), else the store's.
+        """
         rec = self.groups[group_id]
         if not rec.complete:
             raise RuntimeError(f"group {group_id} scored before it was complete")
         if len(rec.rewards) < rec.n:
+            policy = on_bad_reward or getattr(reward_fn, "on_bad_reward", None) or self.on_bad_reward
+            rec.bad.clear()
             for i in range(rec.n):
                 text = decode(rec.done[i].token_ids)
-                rec.rewards[i] = float(reward_fn(rec.data_source, text, rec.ground_truth,
-                                                 rec.extra_info))
+                value, raw = call_reward(reward_fn, rec.data_source, text, rec.ground_truth, rec.extra_info)
+                if value is None:
+                    problem = describe_bad_reward(raw)
+                    where = (f"group {group_id} (prompt uid {rec.prompt_uid}, data_source {rec.data_source!r}) "
+                             f"response {i} {_one_line(repr(text), 80)}")
+                    name = getattr(reward_fn, "name", None) or getattr(reward_fn, "__name__", "reward function")
+                    if policy != "zero":
+                        raise BadRewardError(f"bad reward: {name} {problem} for {where}; fix the reward "
+                                             "function or set data.on_bad_reward=zero to score such responses 0")
+                    if not self._warned_bad:
+                        self._warned_bad = True
+                        print(f"[bidirl] warning: {name} {problem} for {where}; scored 0 "
+                              "(data.on_bad_reward=zero); further ones are counted in reward/bad_count",
+                              file=sys.stderr)
+                    rec.bad[i] = problem
+                    value = 0.0
+                rec.rewards[i] = value
         return [rec.rewards[i] for i in range(rec.n)]
+
+    def bad_count(self, group_ids) -> int:
+        """Responses of these (scored) groups whose reward was bad and scored 0."""
+        return sum(len(self.groups[g].bad) for g in group_ids if g in self.groups)
 
     def pop(self, group_id: int) -> GroupRecord:
         return self.groups.pop(group_id)
@@ -113,7 +233,7 @@ class GroupStore:
     # -- checkpoint -------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"n": self.n, "groups": [
-            {**{k: v for k, v in asdict(rec).items() if k not in ("done", "partial", "rewards")},
+            {**{k: v for k, v in asdict(rec).items() if k not in ("done", "partial", "rewards", "bad")},
              "done": [asdict(r) for r in rec.done.values()],
              "partial": [asdict(r) for r in rec.partial.values()]}
             for rec in self.groups.values()]}

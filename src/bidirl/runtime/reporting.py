@@ -1,7 +1,10 @@
 """Per-step reporting of a real run: metrics, progress line, ledger, checkpoints, outputs.
 
 Metric names follow veRL's dashboards (``timing_s/step``, ``perf/throughput``,
-``trainer/idle_ratio``...) so users can read them where they are used to.
+``trainer/idle_ratio``...) so users can read them where they are used to.  The guards against bad numbers report
+here too: ``reward/bad_count`` (rewards scored 0 under ``data.on_bad_reward=zero``) and
+``actor/skipped_steps`` (steps skipped for a non-finite loss or gradient) per step, and
+their totals in ``summary.json`` (``reward_bad_count``, ``skipped_steps``).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 import time
 
 from bidirl.obs.accounting import PoolTime, borrowed_seconds, pool_times
@@ -34,6 +38,7 @@ class StepReporter:
         for g, st in zip(rec.group_ids, rec.staleness):
             self.ledger.write(json.dumps({"group": g, "step": rec.step, "staleness": st}) + "\n")
         self.ledger.flush()
+        bad = rt.job.store.bad_count(rec.group_ids)  # before the groups are retired
         for g in rec.group_ids:
             rt.job.store.pop(g)
         reward = statistics.mean(rec.rewards)
@@ -49,6 +54,7 @@ class StepReporter:
         m = {
             "reward/mean": reward,
             "reward/max": max(rec.rewards), "reward/min": min(rec.rewards),
+            "reward/bad_count": bad,
             "timing_s/step": step_s,
             "timing_s/train": rec.finished_s - rec.started_s,
             "perf/throughput": rec.total_tokens / step_s if step_s > 0 else 0.0,
@@ -61,9 +67,13 @@ class StepReporter:
             "stage_model/decode_median_error": est.rollout.decode.median_rel_error(),
             "stage_model/train_median_error": est.train.micro.median_rel_error(),
         }
-        for k in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm"):
+        for k in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "skipped_steps"):
             if k in rec.metrics:
                 m[f"actor/{k}"] = rec.metrics[k]
+        if rec.metrics.get("skipped"):
+            print(f"[bidirl] warning: step {rec.step}: non-finite loss {rec.metrics.get('loss')} or grad norm "
+                  f"{rec.metrics.get('grad_norm')}; the step was skipped (trainer.on_nonfinite=skip), "
+                  f"{int(rec.metrics.get('skipped_steps', 1))} so far", file=sys.stderr)
         for kind, vals in sw.items():
             m[f"switch/{kind.replace('.', '/')}_s"] = statistics.median(vals)
         for kind in ("c_in", "c_out"):
@@ -110,6 +120,22 @@ class StepReporter:
             self._borrowed[k] = self._borrowed.get(k, 0.0) + v
         return {pool: t.idle_ratio for pool, t in self._pool.items()}
 
+    def _guard_totals(self) -> dict:
+        """Bad rewards scored 0 and steps skipped over the whole run, resumes included.
+
+        Read back from ``metrics.jsonl`` (a resumed run appends to it; a step logged twice,
+        before a kill and again after the resume, counts once: its last record).
+        """
+        from bidirl.obs.metrics import read_metrics
+
+        by_step: dict[int, dict] = {}
+        for r in read_metrics(self.session.run_dir):
+            if "reward/mean" in r and r["step"] < self.cfg.run.steps:
+                by_step[r["step"]] = r
+        last = by_step[max(by_step)] if by_step else {}
+        return {"reward_bad_count": int(sum(r.get("reward/bad_count", 0) for r in by_step.values())),
+                "skipped_steps": int(last.get("actor/skipped_steps", 0))}
+
     def close(self) -> None:
         self.progress.close()
         self.ledger.close()
@@ -123,6 +149,7 @@ class StepReporter:
         final["final/throughput_tokens_per_s"] = summary["throughput_tokens_per_s"]
         self.metrics.log(cfg.run.steps, final)
         self.metrics.close()
+        summary.update(self._guard_totals())
         if intervals:
             from bidirl.obs.trace import write_chrome_trace
 

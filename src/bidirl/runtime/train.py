@@ -46,9 +46,14 @@ def prepare_model(cfg: TrainConfig) -> str:
 
 
 def prepare_data(cfg: TrainConfig):
-    """(rows, reward_fn): validated prompt rows and the veRL-style reward function."""
+    """(rows, reward_fn): validated prompt rows and the veRL-style reward function.
+
+    The reward comes as a ``RewardFn`` carrying ``data.on_bad_reward`` (which
+    ``GroupStore.score`` applies) and has been tried once on the first row.
+    """
     from bidirl.algo import tasks as task_lib
     from bidirl.algo.data import load_dataset, load_reward_fn, validate_row
+    from bidirl.runtime.group_store import RewardFn
 
     if cfg.data.files:
         rows = [r for f in cfg.data.files for r in load_dataset(f)]
@@ -60,8 +65,14 @@ def prepare_data(cfg: TrainConfig):
                               f"{', '.join(task_lib.task_names())}") from None
         rows = [validate_row(r, f"<task {task.name}>", i)
                 for i, r in enumerate(task.rows(4096, seed=cfg.data.seed))]
-    reward_fn = (load_reward_fn(cfg.data.reward_fn, cfg.data.reward_fn_name)
-                 if cfg.data.reward_fn else task_lib.compute_score)
+    if cfg.data.reward_fn:
+        fn = load_reward_fn(cfg.data.reward_fn, cfg.data.reward_fn_name)
+        name = f"{Path(cfg.data.reward_fn).name}:{cfg.data.reward_fn_name}"
+    else:
+        fn, name = task_lib.compute_score, "the built-in compute_score"
+    reward_fn = RewardFn(fn, cfg.data.on_bad_reward, name)
+    if rows:
+        check_reward_fn(reward_fn, rows[0])
     return rows, reward_fn
 
 
@@ -174,6 +185,25 @@ def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None 
           f"{f', {fit.filtered} over data.max_prompt_length={limit} dropped' if fit.filtered else ''}; "
           f"vLLM max_model_len {fit.max_model_len}", file=sys.stderr)
     return kept, fit
+
+
+def check_reward_fn(reward_fn, row) -> None:
+    """Call the reward once, on ``row`` with an empty response, before any worker starts.
+
+    A function that raises or returns no finite number is reported now rather than after
+    the start-up: an error with ``data.on_bad_reward=error``, a warning with ``zero``.
+    """
+    from bidirl.runtime.group_store import BadRewardError, call_reward, describe_bad_reward
+
+    value, raw = call_reward(reward_fn, row.data_source, "", row.ground_truth, row.extra_info)
+    if value is not None:
+        return
+    what = (f"data.reward_fn: {reward_fn.name} {describe_bad_reward(raw)} when tried on data row {row.index} "
+            f"(data_source {row.data_source!r}) with an empty response")
+    if reward_fn.on_bad_reward == "error":
+        raise BadRewardError(f"{what}, before any worker started; fix the reward function or set "
+                             "data.on_bad_reward=zero to score such responses 0")
+    print(f"[bidirl] warning: {what}; such rewards will be scored 0 (data.on_bad_reward=zero)", file=sys.stderr)
 
 
 def resolve_run_dir(cfg: TrainConfig, resume: str | None, run_dir: str | None) -> Path:

@@ -1,0 +1,67 @@
+"""End to end: a reward file that returns NaN for some responses cannot poison the model.
+
+With ``data.on_bad_reward=zero`` the run trains to the end, counts the bad rewards and
+writes a finite checkpoint; with the default it stops with one line naming the row.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from runtime_cli_helpers import SMALL, run_cli
+
+from bidirl.obs.metrics import read_metrics
+
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+
+# Every 5th call returns NaN; the first call (the check before any worker starts) is fine.
+REWARD = '''
+_calls = [0]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    _calls[0] += 1
+    if _calls[0] % 5 == 0:
+        return float("nan")
+    return float(solution_str.strip() == str(ground_truth).strip())
+'''
+
+ARGS = [*SMALL, "run.steps=3", "scheduler.policy=async", "cluster.prewarm=false", "run.plot=false",
+        "run.tensorboard=false"]
+
+
+def test_nan_rewards_scored_zero_keep_the_model_finite(tmp_path, real_runtime_available):
+    import torch
+    from safetensors.torch import load_file
+
+    reward = tmp_path / "nan_reward.py"
+    reward.write_text(REWARD)
+    run = tmp_path / "run"
+    out = run_cli("train", "--run-dir", str(run), *ARGS, f"data.reward_fn={reward}", "data.on_bad_reward=zero")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["audit_ok"] and summary["audit"]["groups_trained"] == 3 * 4
+    steps = [m for m in read_metrics(run) if "reward/mean" in m]
+    assert len(steps) == 3 and all("reward/bad_count" in m for m in steps)
+    total = sum(m["reward/bad_count"] for m in steps)
+    assert total > 0 and summary["reward_bad_count"] == total
+    assert summary["skipped_steps"] == 0, "the bad rewards were scored 0: nothing non-finite reached the trainer"
+    weights = load_file(str(run / "checkpoints" / "step_3" / "trainer" / "model.safetensors"))
+    assert weights and all(bool(torch.isfinite(w).all()) for w in weights.values())
+    assert "scored 0" in out.stderr
+
+
+def test_nan_reward_by_default_is_a_one_line_error(tmp_path, real_runtime_available):
+    reward = tmp_path / "nan_reward.py"
+    reward.write_text(REWARD)
+    run = tmp_path / "run"
+    out = run_cli("train", "--run-dir", str(run), *ARGS, f"data.reward_fn={reward}")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("bidirl train: error:")]
+    assert len(errors) == 1, out.stderr[-3000:]
+    for part in ("returned nan", "group 0", "prompt uid", "data_source 'add'", "response 3",
+                 "data.on_bad_reward=zero"):
+        assert part in errors[0], (part, errors[0])
+    assert not (run / "checkpoints").exists() or not list((run / "checkpoints").glob("step_*/COMPLETE"))
