@@ -169,7 +169,7 @@ def build_tiny_model(
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / _MARKER).write_text(json.dumps(spec, indent=1, sort_keys=True))
-        _replace_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
@@ -185,7 +185,7 @@ def _matches(out_dir: Path, spec: dict) -> bool:
         return False
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
+def replace_dir(src: Path, dst: Path) -> None:
     """Move ``src`` to ``dst``, replacing an older build; safe if another process won."""
     if dst.exists():
         old = dst.with_name(f".{dst.name}.old.{os.getpid()}")
