@@ -21,21 +21,9 @@ from dataclasses import dataclass
 
 from bidirl.core.timeline import Activity, Interval
 
-__all__ = [
-    "PoolTime",
-    "Violation",
-    "accounting_metrics",
-    "borrow_counts",
-    "borrowed_seconds",
-    "bubble_cause",
-    "borrow_direction",
-    "bubble_seconds",
-    "check_borrow_flags",
-    "check_conservation",
-    "idle_ratios",
-    "pool_times",
-    "switch_seconds",
-]
+__all__ = ["PoolTime", "Violation", "accounting_metrics", "borrow_counts", "borrowed_seconds", "bubble_cause",
+           "borrow_direction", "bubble_seconds", "check_borrow_flags", "check_conservation", "idle_ratios",
+           "pool_times", "switch_seconds"]
 
 ROLL_ON_TRAIN = "roll_on_train"
 TRAIN_ON_ROLL = "train_on_roll"

@@ -35,15 +35,8 @@ from typing import Any
 
 from bidirl.core.timeline import Activity, Interval
 
-__all__ = [
-    "chrome_trace_bytes",
-    "counter_event",
-    "instant_event",
-    "slice_name",
-    "tid_of",
-    "trace_sha256",
-    "write_chrome_trace",
-]
+__all__ = ["chrome_trace_bytes", "counter_event", "instant_event", "slice_name", "tid_of", "trace_sha256",
+           "write_chrome_trace"]
 
 PID = 1
 POOL_ORDER = ("rollout", "train")
