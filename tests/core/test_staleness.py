@@ -4,7 +4,6 @@ from bidirl.core.staleness import (
     StalenessError,
     batch_of,
     check_trainable,
-    first_startable_batch_limit,
     may_start,
 )
 
@@ -20,7 +19,6 @@ def test_may_start_is_the_version_gap_rule(bound):
     for version in range(4):
         for batch in range(8):
             assert may_start(batch, version, bound) == (batch - version <= bound)
-        assert first_startable_batch_limit(version, bound) == version + bound
 
 
 def test_check_trainable_names_the_sample():

@@ -1,14 +1,15 @@
 import random
+import statistics
 
 import pytest
 
 from bidirl.perf.calibration import LinearTimeModel
 from bidirl.perf.profiles import HARDWARE, MODELS
-from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, median_of
+from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel
 
 
 def _late_error(model: LinearTimeModel, n: int = 50) -> float:
-    return median_of(list(model.errors)[-n:])
+    return statistics.median(list(model.errors)[-n:])
 
 
 def test_decode_model_calibrates_from_a_pessimistic_prior():
@@ -42,9 +43,3 @@ def test_calibration_rejects_unphysical_prior():
     with pytest.raises(ValueError):
         LinearTimeModel("x", (-1.0, 1.0))
 
-
-def test_steps_time_is_the_sum_of_steps():
-    model = RolloutStageModel(HARDWARE["H100-80GB"], MODELS["Qwen3-8B"], 1)
-    b, ctx, m = 32, 32 * 700.0, 17
-    by_step = sum(model.decode_step_s(b, ctx + b * i) for i in range(m))
-    assert model.steps_time_s(b, ctx, m) == pytest.approx(by_step)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bidirl.perf.stage_models import KV_MEMORY_FRACTION
-from bidirl.planner.compat import Rejection, check_envelope, groups_aligned
+from bidirl.planner.compat import Rejection, check_envelope, first_misaligned
 from bidirl.planner.envelope import Envelope
 from bidirl.planner.memory import (
     ROLLOUT_RESERVE_FRACTION,
@@ -21,12 +21,12 @@ def _rollout_min_gib(ctx, tp: int, gib: float) -> float:
 
 
 def test_groups_aligned():
-    assert groups_aligned(0, 4, 4, 8)
-    assert groups_aligned(12, 4, 5, 8)
-    assert not groups_aligned(6, 4, 2, 8)  # 6..9 crosses the 8-boundary
-    assert groups_aligned(16, 16, 2, 8)  # whole nodes on a boundary
-    assert not groups_aligned(4, 16, 1, 8)
-    assert groups_aligned(3, 4, 0, 8)  # no groups, nothing to cross
+    assert first_misaligned(0, 4, 4, 8) is None
+    assert first_misaligned(12, 4, 5, 8) is None
+    assert first_misaligned(6, 4, 2, 8) == 6  # 6..9 crosses the 8-boundary
+    assert first_misaligned(16, 16, 2, 8) is None  # whole nodes on a boundary
+    assert first_misaligned(4, 16, 1, 8) == 4
+    assert first_misaligned(3, 4, 0, 8) is None  # no groups, nothing to cross
 
 
 def test_rollout_memory_just_fits_and_just_does_not(h100_ctx, gib, with_memory):

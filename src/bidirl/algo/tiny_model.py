@@ -83,64 +83,34 @@ def build_tokenizer():
     ])
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        unk_token=UNK,
-        additional_special_tokens=SPECIAL_TOKENS[4:],
-        clean_up_tokenization_spaces=False,
-        model_max_length=512,
-    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
+                                  additional_special_tokens=SPECIAL_TOKENS[4:], clean_up_tokenization_spaces=False,
+                                  model_max_length=512)
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
 
 def _spec(layers: int, hidden: int, heads: int, kv_heads: int, seed: int, max_len: int) -> dict:
-    return {
-        "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
-        "seed": seed, "max_len": max_len, "vocab_size": VOCAB_SIZE, "format": 1,
-    }
+    return {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "seed": seed, "max_len": max_len,
+            "vocab_size": VOCAB_SIZE, "format": 1}
 
 
 def tiny_config(layers: int, hidden: int, heads: int, kv_heads: int, max_len: int = 512):
     from transformers import Qwen2Config
 
     if hidden % heads or heads % kv_heads:
-        raise ValueError(
-            f"hidden ({hidden}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads})"
-        )
+        raise ValueError(f"hidden ({hidden}) must divide by heads ({heads}) and heads by kv_heads ({kv_heads})")
     vocab = char_vocab()
-    return Qwen2Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=hidden // heads,
-        max_position_embeddings=max_len,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-        bos_token_id=vocab[BOS],
-        eos_token_id=vocab[EOS],
-        pad_token_id=vocab[PAD],
-        torch_dtype="float32",
-    )
+    return Qwen2Config(vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=4 * hidden,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                       head_dim=hidden // heads,
+                       max_position_embeddings=max_len, rms_norm_eps=1e-6, rope_theta=10000.0,
+                       tie_word_embeddings=False, use_sliding_window=False, bos_token_id=vocab[BOS],
+                       eos_token_id=vocab[EOS], pad_token_id=vocab[PAD], torch_dtype="float32")
 
 
-def build_tiny_model(
-    out_dir: str | Path,
-    layers: int = 2,
-    hidden: int = 128,
-    heads: int = 4,
-    kv_heads: int = 2,
-    seed: int = 0,
-    max_len: int = 512,
-) -> Path:
+def build_tiny_model(out_dir: str | Path, layers: int = 2, hidden: int = 128, heads: int = 4, kv_heads: int = 2,
+                     seed: int = 0, max_len: int = 512) -> Path:
     """Write a randomly initialised tiny Qwen2 model + tokenizer to ``out_dir``; return it.
 
     Idempotent: if ``out_dir`` already holds a model built with the same arguments it is
@@ -158,18 +128,15 @@ def build_tiny_model(
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32)
     tok = build_tokenizer()
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                               pad_token_id=config.pad_token_id)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / _MARKER).write_text(json.dumps(spec, indent=1, sort_keys=True))
-        _replace_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
@@ -185,7 +152,7 @@ def _matches(out_dir: Path, spec: dict) -> bool:
         return False
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
+def replace_dir(src: Path, dst: Path) -> None:
     """Move ``src`` to ``dst``, replacing an older build; safe if another process won."""
     if dst.exists():
         old = dst.with_name(f".{dst.name}.old.{os.getpid()}")

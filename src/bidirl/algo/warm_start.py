@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bidirl.algo.tiny_model import replace_dir
+
 _MARKER = "bidirl_warm_start.json"
 
 
@@ -111,9 +113,7 @@ def warm_start(
             if f.suffix == ".json" and not (tmp / f.name).exists():
                 shutil.copy2(f, tmp / f.name)
         (tmp / _MARKER).write_text(json.dumps(report, indent=1))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

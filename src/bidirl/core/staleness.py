@@ -30,11 +30,6 @@ def may_start(batch: int, rollout_version: int, bound: int) -> bool:
     return batch - rollout_version <= bound
 
 
-def first_startable_batch_limit(rollout_version: int, bound: int) -> int:
-    """The highest batch index that may start at ``rollout_version`` (inclusive)."""
-    return rollout_version + bound
-
-
 def staleness_at_training(batch: int, v_first: int) -> int:
     """The version gap of a sample when batch ``batch`` is trained."""
     return batch - v_first

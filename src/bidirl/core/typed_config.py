@@ -21,6 +21,7 @@ Pure Python (dataclasses, typing); cross-field rules stay with each config.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Iterator
@@ -50,14 +51,9 @@ def section(cls: type, doc: str = "") -> Any:
     return field(default_factory=cls, metadata={"doc": doc})
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    cache = _HINTS.get(cls)
-    if cache is None:
-        cache = _HINTS[cls] = typing.get_type_hints(cls)
-    return cache
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
+    return typing.get_type_hints(cls)
 
 
 def _split_optional(tp: Any) -> tuple[Any, bool]:
@@ -164,13 +160,18 @@ def _value(f: dataclasses.Field, tp: Any, value: Any, path: str, err: type[Excep
             return []
         raise err(f"{path}: must be set (got null)")
     value = _leaf(value, base, path, err)
+    _check_allowed(f, base, value, path, err)
+    return value
+
+
+def _check_allowed(f: dataclasses.Field, base: Any, value: Any, path: str, err: type[Exception]) -> None:
+    """Raise ``err`` if ``value`` is outside the field's choices or range."""
     allowed = _choices(f, base)
     if allowed is not None and value not in allowed:
         raise err(f"{path}: must be one of {', '.join(map(str, allowed))}, got {value!r}")
     rng = _range_text(f.metadata)
     if rng and isinstance(value, (int, float)) and not _in_range(value, f.metadata):
         raise err(f"{path}: must be {rng}, got {value!r}")
-    return value
 
 
 def build(cls: type, data: Any, path: str = "", err: type[Exception] = FieldError) -> Any:
@@ -201,14 +202,8 @@ def check_fields(obj: Any, path: str | None = None, err: type[Exception] = Field
     for f in dataclasses.fields(obj):
         base, _ = _split_optional(hints[f.name])
         value = getattr(obj, f.name)
-        if value is None or dataclasses.is_dataclass(base):
-            continue
-        allowed = _choices(f, base)
-        if allowed is not None and value not in allowed:
-            raise err(f"{prefix}{f.name}: must be one of {', '.join(map(str, allowed))}, got {value!r}")
-        rng = _range_text(f.metadata)
-        if rng and isinstance(value, (int, float)) and not _in_range(value, f.metadata):
-            raise err(f"{prefix}{f.name}: must be {rng}, got {value!r}")
+        if value is not None and not dataclasses.is_dataclass(base):
+            _check_allowed(f, base, value, prefix + f.name, err)
 
 
 def set_path(cls: type, data: dict, dotted: str, value: Any, err: type[Exception] = FieldError) -> None:
@@ -270,9 +265,6 @@ def describe(cls: type, path: str = "") -> Iterator[tuple[str, str, Any, str]]:
 
 def format_fields(cls: type, width: int = 34) -> str:
     """A help text: one line per leaf, ``name = default  doc``."""
-    lines = []
-    for name, _tp, default, doc in describe(cls):
-        shown = "(required)" if default is MISSING else repr(default)
-        lines.append(f"  {name + ' = ' + shown:<{width}} {doc}")
-    return "\n".join(lines)
+    return "\n".join(f"  {name + ' = ' + ('(required)' if default is MISSING else repr(default)):<{width}} {doc}"
+                     for name, _tp, default, doc in describe(cls))
 

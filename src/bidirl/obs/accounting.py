@@ -21,21 +21,9 @@ from dataclasses import dataclass
 
 from bidirl.core.timeline import Activity, Interval
 
-__all__ = [
-    "PoolTime",
-    "Violation",
-    "accounting_metrics",
-    "borrow_counts",
-    "borrowed_seconds",
-    "bubble_cause",
-    "borrow_direction",
-    "bubble_seconds",
-    "check_borrow_flags",
-    "check_conservation",
-    "idle_ratios",
-    "pool_times",
-    "switch_seconds",
-]
+__all__ = ["PoolTime", "Violation", "accounting_metrics", "borrow_counts", "borrowed_seconds", "bubble_cause",
+           "borrow_direction", "bubble_seconds", "check_borrow_flags", "check_conservation", "idle_ratios",
+           "pool_times", "switch_seconds"]
 
 ROLL_ON_TRAIN = "roll_on_train"
 TRAIN_ON_ROLL = "train_on_roll"
@@ -55,13 +43,10 @@ class PoolTime:
     def total_s(self) -> float:
         return self.busy_s + self.idle_s + self.switching_s
 
-    def _ratio(self, part: float) -> float:
-        # An empty pool has no bubbles; 0.0 keeps dashboards finite.
-        return part / self.total_s if self.total_s > 0 else 0.0
-
     @property
     def idle_ratio(self) -> float:
-        return self._ratio(self.idle_s)
+        # An empty pool has no bubbles; 0.0 keeps dashboards finite.
+        return self.idle_s / self.total_s if self.total_s > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +98,7 @@ def borrowed_seconds(intervals: Iterable[Interval]) -> dict[str, float]:
     (including its switch-in/out and its bubbles); the ``*_busy`` keys count only the
     useful part, so ``busy / total`` says how well lending paid off.
     """
-    out = {
-        ROLL_ON_TRAIN: 0.0,
-        TRAIN_ON_ROLL: 0.0,
-        f"{ROLL_ON_TRAIN}_busy": 0.0,
-        f"{TRAIN_ON_ROLL}_busy": 0.0,
-    }
+    out = dict.fromkeys((ROLL_ON_TRAIN, TRAIN_ON_ROLL, f"{ROLL_ON_TRAIN}_busy", f"{TRAIN_ON_ROLL}_busy"), 0.0)
     for iv in intervals:
         direction = borrow_direction(iv)
         if direction is None:
@@ -189,44 +169,26 @@ def _device_violations(
     device: int, ivs: Sequence[Interval], wall_s: float, tol: float
 ) -> list[Violation]:
     found: list[Violation] = []
+
+    def add(time_s: float, kind: str, detail: str) -> None:
+        found.append(Violation(device, time_s, kind, detail))
+
     cursor = 0.0  # end of the tiled prefix of [0, wall_s]
     for iv in ivs:
         if iv.end_s < iv.start_s - tol:
-            found.append(
-                Violation(device, iv.start_s, "inverted", f"ends at {iv.end_s} before it starts")
-            )
+            add(iv.start_s, "inverted", f"ends at {iv.end_s} before it starts")
             continue
         if iv.start_s < -tol:
-            found.append(
-                Violation(
-                    device,
-                    iv.start_s,
-                    "before_zero",
-                    f"interval starts at {iv.start_s} before time 0",
-                )
-            )
+            add(iv.start_s, "before_zero", f"interval starts at {iv.start_s} before time 0")
         elif iv.start_s > cursor + tol:
-            found.append(
-                Violation(device, cursor, "gap", f"no interval covers [{cursor}, {iv.start_s})")
-            )
+            add(cursor, "gap", f"no interval covers [{cursor}, {iv.start_s})")
         elif iv.start_s < cursor - tol:
-            found.append(
-                Violation(
-                    device,
-                    iv.start_s,
-                    "overlap",
-                    f"[{iv.start_s}, {min(cursor, iv.end_s)}) covered twice",
-                )
-            )
+            add(iv.start_s, "overlap", f"[{iv.start_s}, {min(cursor, iv.end_s)}) covered twice")
         if iv.end_s > wall_s + tol:
-            found.append(
-                Violation(
-                    device, wall_s, "beyond_wall", f"interval runs to {iv.end_s} past wall {wall_s}"
-                )
-            )
+            add(wall_s, "beyond_wall", f"interval runs to {iv.end_s} past wall {wall_s}")
         cursor = max(cursor, iv.end_s)
     if cursor < wall_s - tol:
-        found.append(Violation(device, cursor, "gap", f"no interval covers [{cursor}, {wall_s})"))
+        add(cursor, "gap", f"no interval covers [{cursor}, {wall_s})")
     return found
 
 
@@ -244,32 +206,20 @@ def check_conservation(
     for device in sorted(set(per) | set(range(n_devices))):
         ivs = per.get(device, [])
         if not 0 <= device < n_devices:
-            found.append(
-                Violation(
-                    device, ivs[0].start_s, "unknown_device", f"device not in range({n_devices})"
-                )
-            )
-            continue
-        found.extend(_device_violations(device, ivs, wall_s, tol))
+            found.append(Violation(device, ivs[0].start_s, "unknown_device", f"device not in range({n_devices})"))
+        else:
+            found.extend(_device_violations(device, ivs, wall_s, tol))
     return found
 
 
 def check_borrow_flags(intervals: Iterable[Interval]) -> list[Violation]:
     """Intervals whose ``borrowed`` flag disagrees with their role and owner pool."""
-    found = []
-    for iv in intervals:
-        expected = borrow_direction(iv) is not None
-        if bool(iv.borrowed) != expected:
-            found.append(
-                Violation(
-                    iv.device,
-                    iv.start_s,
-                    "borrow_flag",
-                    f"role {iv.role} on {iv.pool} pool has borrowed="
-                    f"{iv.borrowed}, expected {expected}",
-                )
-            )
-    return found
+    return [
+        Violation(iv.device, iv.start_s, "borrow_flag",
+                  f"role {iv.role} on {iv.pool} pool has borrowed={iv.borrowed}, expected {expected}")
+        for iv in intervals
+        if bool(iv.borrowed) != (expected := borrow_direction(iv) is not None)
+    ]
 
 
 def accounting_metrics(intervals: Iterable[Interval]) -> dict[str, float]:
@@ -283,10 +233,8 @@ def accounting_metrics(intervals: Iterable[Interval]) -> dict[str, float]:
     out: dict[str, float] = {}
     for pool, t in pool_times(ivs).items():
         prefix = POOL_METRIC_PREFIX.get(pool, pool)
-        out[f"{prefix}/busy_s"] = t.busy_s
-        out[f"{prefix}/idle_s"] = t.idle_s
-        out[f"{prefix}/switching_s"] = t.switching_s
-        out[f"{prefix}/idle_ratio"] = t.idle_ratio
+        for key in ("busy_s", "idle_s", "switching_s", "idle_ratio"):
+            out[f"{prefix}/{key}"] = getattr(t, key)
     for key, seconds in borrowed_seconds(ivs).items():
         out[f"borrow/{key}_s"] = seconds
     for key, count in borrow_counts(ivs).items():

@@ -39,9 +39,7 @@ _warned_no_tensorboard = False
 
 def _as_number(value: Any) -> int | float | None:
     """A finite int/float from a Python, numpy or 0-d torch scalar; None if impossible."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, numbers.Integral):
+    if isinstance(value, numbers.Integral):  # bool included
         return int(value)
     if isinstance(value, numbers.Real):
         number = float(value)
@@ -78,10 +76,8 @@ def _open_tensorboard(run_dir: Path, backend: str) -> tuple[Any, str | None]:
             return Writer(str(run_dir)), "tensorboard"
     if backend == "auto" and not _warned_no_tensorboard:
         _warned_no_tensorboard = True
-        log.warning(
-            "neither torch nor tensorboard is importable; TensorBoard events are "
-            "not written (metrics.jsonl still is)"
-        )
+        log.warning("neither torch nor tensorboard is importable; TensorBoard events are "
+                    "not written (metrics.jsonl still is)")
     return None, None
 
 
@@ -133,13 +129,10 @@ class MetricsLogger:
     def _write_tensorboard(self, step: int, record: Mapping[str, int | float]) -> None:
         if self._tb is None:
             return
+        step_kw = {"global_step" if self.tb_backend == "torch" else "step": step}
         for key, value in record.items():
-            if key == "step":
-                continue
-            if self.tb_backend == "torch":
-                self._tb.add_scalar(key, value, global_step=step)
-            else:
-                self._tb.add_scalar(key, value, step=step)
+            if key != "step":
+                self._tb.add_scalar(key, value, **step_kw)
         self._tb.flush()
 
     def close(self) -> None:

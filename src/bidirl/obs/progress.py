@@ -17,7 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = ["ProgressLine", "format_duration", "format_progress"]
 
@@ -57,9 +57,7 @@ def format_progress(
     if tokens_per_s is not None:
         parts.append(f"{_si(tokens_per_s)} tok/s")
     if idle_ratios:
-        parts.append(
-            "idle " + " ".join(f"{pool} {100 * r:.0f}%" for pool, r in idle_ratios.items())
-        )
+        parts.append("idle " + " ".join(f"{pool} {100 * r:.0f}%" for pool, r in idle_ratios.items()))
     if staleness_mean is not None or staleness_max is not None:
         mean = "-" if staleness_mean is None else f"{staleness_mean:.1f}"
         peak = "-" if staleness_max is None else f"{staleness_max:g}"
@@ -111,29 +109,14 @@ class ProgressLine:
         elapsed = (self._clock() if now is None else now) - self._t0
         return elapsed / done * max(self.total_steps - step, 0)
 
-    def update(
-        self,
-        step: int,
-        *,
-        reward: float | None = None,
-        tokens_per_s: float | None = None,
-        idle_ratios: Mapping[str, float] | None = None,
-        staleness_mean: float | None = None,
-        staleness_max: float | None = None,
-    ) -> str:
-        """Record progress after ``step`` finished steps; returns the formatted line."""
+    def update(self, step: int, **fields: Any) -> str:
+        """Record progress after ``step`` finished steps; returns the formatted line.
+
+        ``fields``: ``format_progress``'s ``reward``, ``tokens_per_s``, ``idle_ratios``,
+        ``staleness_mean`` and ``staleness_max``; elapsed time and ETA come from the clock.
+        """
         now = self._clock()
-        line = format_progress(
-            step,
-            self.total_steps,
-            elapsed_s=now - self._t0,
-            eta_s=self.eta_s(step, now),
-            reward=reward,
-            tokens_per_s=tokens_per_s,
-            idle_ratios=idle_ratios,
-            staleness_mean=staleness_mean,
-            staleness_max=staleness_max,
-        )
+        line = format_progress(step, self.total_steps, elapsed_s=now - self._t0, eta_s=self.eta_s(step, now), **fields)
         self._pending = line
         interval = self.min_refresh_s if self.tty else self.every_s
         due = self._last_emit is None or now - self._last_emit >= interval

@@ -56,14 +56,10 @@ class _Style:
 # Legend order.
 STYLES: dict[str, _Style] = {
     "rollout": _Style("rollout busy", "#4C72B0"),
-    "rollout_borrowed": _Style(
-        "rollout busy (borrowed, on train pool)", "#4C72B0", "////", "#1B2A45"
-    ),
+    "rollout_borrowed": _Style("rollout busy (borrowed, on train pool)", "#4C72B0", "////", "#1B2A45"),
     "train": _Style("train busy", "#55A868"),
     "aux_train": _Style("aux-train busy", "#DD8452"),
-    "aux_train_borrowed": _Style(
-        "aux-train busy (borrowed, on rollout pool)", "#DD8452", "////", "#5A2F12"
-    ),
+    "aux_train_borrowed": _Style("aux-train busy (borrowed, on rollout pool)", "#DD8452", "////", "#5A2F12"),
     "other_busy": _Style("busy (other role)", "#8172B3"),
     "switching": _Style("switching (C_in / C_out)", "#D62728"),
     "idle": _Style("idle", "#DDDDDD"),
@@ -71,16 +67,8 @@ STYLES: dict[str, _Style] = {
 
 
 # Bubbles are the background, switches are drawn last so short ones are never hidden.
-_DRAW_ORDER = (
-    "idle",
-    "rollout",
-    "train",
-    "aux_train",
-    "other_busy",
-    "rollout_borrowed",
-    "aux_train_borrowed",
-    "switching",
-)
+_DRAW_ORDER = ("idle", "rollout", "train", "aux_train", "other_busy", "rollout_borrowed", "aux_train_borrowed",
+               "switching")
 
 
 def category_of(interval: Interval) -> str:
@@ -236,50 +224,31 @@ def _utilisation(
     return edges, fractions
 
 
-def _draw_strip(
-    ax, pool: str, tagged: Sequence[tuple[Interval, str]], devices: Sequence[int], wall_s: float
-) -> None:
+def _draw_strip(ax, pool: str, tagged: Sequence[tuple[Interval, str]], devices: Sequence[int], wall_s: float) -> None:
     edges, fractions = _utilisation(tagged, devices, wall_s, _STRIP_BINS)
     cats = list(fractions)
-    polys = ax.stackplot(
-        np.repeat(edges, 2)[1:-1],
-        *[np.repeat(fractions[c], 2) for c in cats],
-        colors=[STYLES[c].color for c in cats],
-        linewidth=0,
-    )
+    polys = ax.stackplot(np.repeat(edges, 2)[1:-1], *[np.repeat(fractions[c], 2) for c in cats],
+                         colors=[STYLES[c].color for c in cats], linewidth=0)
     for poly, cat in zip(polys, cats, strict=True):
         if STYLES[cat].hatch:
             poly.set_hatch(STYLES[cat].hatch)
             poly.set_edgecolor(STYLES[cat].edgecolor)
     ax.set_ylim(0, 1)
     ax.set_yticks([0, 1])
-    ax.set_ylabel(
-        f"{pool} pool\n({len(devices)} dev)", rotation=0, ha="right", va="center", fontsize=8
-    )
+    ax.set_ylabel(f"{pool} pool\n({len(devices)} dev)", rotation=0, ha="right", va="center", fontsize=8)
     ax.tick_params(labelbottom=False, labelsize=7)
 
 
-def _draw_rows(
-    ax,
-    tagged: Sequence[tuple[Interval, str]],
-    shown: dict[str, list[int]],
-    pools: dict[str, list[int]],
-    wall_s: float,
-) -> None:
+def _draw_rows(ax, tagged: Sequence[tuple[Interval, str]], shown: dict[str, list[int]],
+               pools: dict[str, list[int]], wall_s: float) -> None:
     order = [d for devices in shown.values() for d in devices]
     rows = {d: i for i, d in enumerate(order)}
     spans = _row_spans(tagged, rows, wall_s)
     rank = {c: i for i, c in enumerate(_DRAW_ORDER)}
     for (row, cat), xranges in sorted(spans.items(), key=lambda kv: (rank[kv[0][1]], kv[0])):
         style = STYLES[cat]
-        ax.broken_barh(
-            xranges,
-            (row - 0.4, 0.8),
-            facecolors=style.color,
-            edgecolors=style.edgecolor or "none",
-            hatch=style.hatch,
-            linewidth=0.6 if style.edgecolor else 0,
-        )
+        ax.broken_barh(xranges, (row - 0.4, 0.8), facecolors=style.color, edgecolors=style.edgecolor or "none",
+                       hatch=style.hatch, linewidth=0.6 if style.edgecolor else 0)
     owner = {d: p for p, devices in shown.items() for d in devices}
     ax.set_yticks(range(len(order)))
     ax.set_yticklabels(
@@ -292,16 +261,8 @@ def _draw_rows(
             ax.axhline(boundary - 0.5, color="black", linewidth=0.8)
         hidden = len(pools[pool]) - len(devices)
         if hidden:
-            ax.text(
-                1.0,
-                boundary + len(devices) - 0.5,
-                f"+{hidden} more {pool} devices ",
-                transform=ax.get_yaxis_transform(),
-                ha="right",
-                va="bottom",
-                fontsize=7,
-                style="italic",
-            )
+            ax.text(1.0, boundary + len(devices) - 0.5, f"+{hidden} more {pool} devices ",
+                    transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7, style="italic")
         boundary += len(devices)
     ax.set_xlim(0, wall_s)
     ax.set_xlabel("time (s)")
@@ -346,13 +307,7 @@ def plot_timeline(
             for c, s in STYLES.items()
             if c in present
         ]
-        fig.legend(
-            handles=handles,
-            loc="outside lower center",
-            ncol=min(4, len(handles)),
-            fontsize=8,
-            frameon=False,
-        )
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target, format="png")

@@ -35,15 +35,8 @@ from typing import Any
 
 from bidirl.core.timeline import Activity, Interval
 
-__all__ = [
-    "chrome_trace_bytes",
-    "counter_event",
-    "instant_event",
-    "slice_name",
-    "tid_of",
-    "trace_sha256",
-    "write_chrome_trace",
-]
+__all__ = ["chrome_trace_bytes", "counter_event", "instant_event", "slice_name", "tid_of", "trace_sha256",
+           "write_chrome_trace"]
 
 PID = 1
 POOL_ORDER = ("rollout", "train")
@@ -128,9 +121,7 @@ def _track_names(
     for device, pool_set in pools.items():
         pool = "/".join(sorted(pool_set)) or "unknown"
         rank = POOL_ORDER.index(pool) if pool in POOL_ORDER else len(POOL_ORDER)
-        default = f"dev {device} [{pool} pool]"
-        name = (device_names or {}).get(device, default)
-        tracks[device] = (rank, str(name))
+        tracks[device] = (rank, str((device_names or {}).get(device, f"dev {device} [{pool} pool]")))
     return tracks
 
 
@@ -142,25 +133,8 @@ def _metadata_events(
     ]
     order = sorted(tracks, key=lambda d: (tracks[d][0], d))
     for index, device in enumerate(order):
-        tid = tid_of(device)
-        events.append(
-            {
-                "args": {"name": tracks[device][1]},
-                "name": "thread_name",
-                "ph": "M",
-                "pid": PID,
-                "tid": tid,
-            }
-        )
-        events.append(
-            {
-                "args": {"sort_index": index},
-                "name": "thread_sort_index",
-                "ph": "M",
-                "pid": PID,
-                "tid": tid,
-            }
-        )
+        for name, args in (("thread_name", {"name": tracks[device][1]}), ("thread_sort_index", {"sort_index": index})):
+            events.append({"args": args, "name": name, "ph": "M", "pid": PID, "tid": tid_of(device)})
     return events
 
 
@@ -204,25 +178,14 @@ def instant_event(
 
 def counter_event(name: str, t_s: float, values: Mapping[str, float]) -> dict[str, Any]:
     """A counter sample (e.g. ``queue`` -> ``{"groups": 12}``) drawn as its own track."""
-    return {
-        "args": {k: float(v) for k, v in values.items()},
-        "name": name,
-        "ph": "C",
-        "pid": PID,
-        "tid": 0,
-        "ts": _us(t_s),
-    }
+    return {"args": {k: float(v) for k, v in values.items()}, "name": name, "ph": "C", "pid": PID, "tid": 0,
+            "ts": _us(t_s)}
 
 
 def _sort_key(event: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (
-        event.get("pid", PID),
-        event.get("tid", 0),
-        float(event.get("ts", 0.0)),
-        -float(event.get("dur", 0.0)),  # enclosing slices before nested ones
-        str(event.get("ph", "")),
-        str(event.get("name", "")),
-    )
+    return (event.get("pid", PID), event.get("tid", 0), float(event.get("ts", 0.0)),
+            -float(event.get("dur", 0.0)),  # enclosing slices before nested ones
+            str(event.get("ph", "")), str(event.get("name", "")))
 
 
 def chrome_trace_bytes(
@@ -238,19 +201,8 @@ def chrome_trace_bytes(
     """
     # Sort on every field so equal inputs in any order give equal bytes; the event sort
     # below is stable, so extra events keep the caller's order among equal keys.
-    ivs = sorted(
-        intervals,
-        key=lambda iv: (
-            iv.device,
-            iv.start_s,
-            iv.end_s,
-            iv.label,
-            iv.role,
-            getattr(iv.activity, "value", iv.activity),
-            iv.pool,
-            iv.borrowed,
-        ),
-    )
+    ivs = sorted(intervals, key=lambda iv: (iv.device, iv.start_s, iv.end_s, iv.label, iv.role,
+                                            getattr(iv.activity, "value", iv.activity), iv.pool, iv.borrowed))
     metadata = _metadata_events(process_name, _track_names(ivs, device_names))
     events = [_slice_event(iv) for iv in ivs]
     events.extend(_extra_event(e) for e in extra_events)
@@ -260,42 +212,22 @@ def chrome_trace_bytes(
     return text.encode("utf-8")
 
 
-def trace_sha256(
-    intervals: Iterable[Interval],
-    *,
-    process_name: str = "bidirl",
-    extra_events: Iterable[Mapping[str, Any]] = (),
-    device_names: Mapping[int, str] | None = None,
-) -> str:
-    """sha256 hex digest of the trace bytes, without writing a file."""
-    data = chrome_trace_bytes(
-        intervals,
-        process_name=process_name,
-        extra_events=extra_events,
-        device_names=device_names,
-    )
-    return hashlib.sha256(data).hexdigest()
+def trace_sha256(intervals: Iterable[Interval], **options: Any) -> str:
+    """sha256 hex digest of the trace bytes, without writing a file.
+
+    ``options``: the keyword arguments of ``chrome_trace_bytes``.
+    """
+    return hashlib.sha256(chrome_trace_bytes(intervals, **options)).hexdigest()
 
 
-def write_chrome_trace(
-    intervals: Iterable[Interval],
-    path: str | os.PathLike[str],
-    *,
-    process_name: str = "bidirl",
-    extra_events: Iterable[Mapping[str, Any]] = (),
-    device_names: Mapping[int, str] | None = None,
-) -> str:
+def write_chrome_trace(intervals: Iterable[Interval], path: str | os.PathLike[str], **options: Any) -> str:
     """Write a Chrome/Perfetto trace JSON to ``path``; return the sha256 of its bytes.
 
-    The file is written to a sibling temp file and renamed, so a crash mid-write never
-    leaves a truncated trace that the UI would refuse to open.
+    ``options``: the keyword arguments of ``chrome_trace_bytes``.  The file is written to
+    a sibling temp file and renamed, so a crash mid-write never leaves a truncated trace
+    that the UI would refuse to open.
     """
-    data = chrome_trace_bytes(
-        intervals,
-        process_name=process_name,
-        extra_events=extra_events,
-        device_names=device_names,
-    )
+    data = chrome_trace_bytes(intervals, **options)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")

@@ -19,7 +19,6 @@ themselves when a few long responses keep a replica stepping at tiny batch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from bidirl.perf.calibration import LinearTimeModel
@@ -82,11 +81,6 @@ class RolloutStageModel:
         if batch <= 0:
             return 0.0
         return batch / self.decode_step_s(batch, batch * mean_context)
-
-    def steps_time_s(self, batch: int, context_tokens: float, steps: int) -> float:
-        """Time of ``steps`` decode steps at constant batch while contexts grow by 1/step."""
-        a, c, k = self.decode.theta
-        return steps * (a + c * batch + k * context_tokens) + k * batch * steps * (steps - 1) / 2
 
     def observe_decode(self, batch: int, context_tokens: float, measured_s: float) -> float:
         return self.decode.observe((1.0, batch, context_tokens), measured_s)
@@ -166,10 +160,3 @@ def weight_sync_s(hw: HardwareProfile, m: ModelProfile, spans_nodes: bool = True
     bw = (hw.inter_node_gbps if spans_nodes else hw.intra_node_gbps) * 1e9
     return 0.2 + m.weights_bytes / bw
 
-
-def median_of(values: list[float]) -> float | None:
-    vs = sorted(v for v in values if v is not None and not math.isnan(v))
-    if not vs:
-        return None
-    mid = len(vs) // 2
-    return vs[mid] if len(vs) % 2 else (vs[mid - 1] + vs[mid]) / 2

@@ -60,12 +60,5 @@ class SwitchCostEstimator:
         h = self.history[kind]
         return median(h) if h else self.priors.get(kind, 0.0)
 
-    def roll_on_train_round_trip(self) -> float:
-        return self.estimate("roll_on_train.c_in") + self.estimate("roll_on_train.c_out")
-
-    def train_on_roll_round_trip(self, chunks: int = 1) -> float:
-        return (self.estimate("train_on_roll.c_in") + self.estimate("train_on_roll.c_out")
-                + chunks * self.estimate("train_on_roll.c_grad"))
-
     def measured(self) -> dict[str, float | None]:
         return {k: (median(h) if h else None) for k, h in self.history.items()}

@@ -68,11 +68,6 @@ def first_misaligned(start: int, size: int, count: int, per_node: int) -> int | 
     return None
 
 
-def groups_aligned(start: int, size: int, count: int, per_node: int) -> bool:
-    """Do ``count`` consecutive groups of ``size`` devices from ``start`` respect nodes?"""
-    return first_misaligned(start, size, count, per_node) is None
-
-
 def _misaligned(what: str, start: int, size: int, per_node: int) -> str:
     return (f"node_alignment: {what} of {size} devices starting at device {start} would span "
             f"nodes of {per_node} devices (a group must fit in one node or be a whole "

@@ -160,12 +160,8 @@ class Pipeline:
         """
         first = min(batch.first, float(starts[0])) if len(starts) else batch.first
         last = float(starts[-1]) if len(starts) else batch.last
-        window = max(0.0, last - first)
-        m = self.m
-        step = batch.step
-        longest = m.staggered(window / step)  # tokens the batch's last response still has
-        ready = last + step * longest + m.prefill_group_s
-        return ready
+        longest = self.m.staggered(max(0.0, last - first) / batch.step)  # tokens its last response still has
+        return last + batch.step * longest + self.m.prefill_group_s
 
     def _ready_of(self, k: int, pending: list[_Batch], plan, done: dict[int, float]) -> float:
         """When batch ``k`` is complete: its own groups and any resumed partial prefixes."""
@@ -251,8 +247,7 @@ class Pipeline:
             free, pending = self._commit(free, pending, lent, sync_end, done, plan)
         wall = ends[-1]
         lo, hi = min(s + 1, len(ends) - 1), max(0, len(ends) - 1 - s)
-        period = ((ends[hi] - ends[lo]) / (hi - lo)) if hi > lo else (
-            wall / len(ends))
+        period = (ends[hi] - ends[lo]) / (hi - lo) if hi > lo else wall / len(ends)
         return Timeline(wall, tuple(ends), period, lent_windows, aux_steps)
 
     def _commit(self, free: np.ndarray, pending: list[_Batch], lent, until: float,
@@ -307,5 +302,4 @@ class Pipeline:
             n = self.m.group_size
             stall = float(sum(self.prefill_fn(n * (self.prompt_tokens + p)) for p in prefix))
         return _Batch(b.index, at, len(remaining), float(remaining.mean()), b.step, resume=True,
-                      longest=float(remaining.max()),
-                      stall=stall)
+                      longest=float(remaining.max()), stall=stall)

@@ -66,16 +66,7 @@ from bidirl.planner.cold_start import first_window_units
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope
 from bidirl.planner.pipeline import Pipeline, Timeline
-from bidirl.planner.stages import (
-    _aux_theta,
-    _feedable,
-    _fluid,
-    _Model,
-    _model,
-    _queue,
-    _running,
-    _tail,
-)
+from bidirl.planner.stages import _aux_theta, _feedable, _fluid, _Model, _model, _queue, _running, _tail
 
 OPTIONS = ("none", "roll_on_train", "train_on_roll", "both")
 HORIZON_STEPS = 32  # the recurrence follows at most this many steps, then extrapolates

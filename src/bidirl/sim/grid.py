@@ -87,14 +87,11 @@ def summarize(rows: list[GridRow], paper_range: tuple[float, float] = (1.05, 1.9
     r_opp = [row.ratio("bidirl", "bidirl-opportunistic") for row in rows
              if "bidirl-opportunistic" in row.results]
     out = {"scenarios": len(rows), "paper_bidirl_over_baselines": list(paper_range)}
+    for key, ratios in (("bidirl_over_async", r_async), ("bidirl_over_opportunistic", r_opp)):
+        if ratios:
+            out[key] = {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)}
     if r_async:
-        out["bidirl_over_async"] = {"min": min(r_async), "median": statistics.median(r_async),
-                                    "max": max(r_async)}
         out["bidirl_ge_0.99_async_everywhere"] = min(r_async) >= 0.99
-    if r_opp:
-        out["bidirl_over_opportunistic"] = {"min": min(r_opp),
-                                            "median": statistics.median(r_opp),
-                                            "max": max(r_opp)}
     return out
 
 

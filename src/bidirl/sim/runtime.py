@@ -16,13 +16,7 @@ import random
 
 import simpy
 
-from bidirl.controller.actions import (
-    AssignGroups,
-    Lend,
-    Reclaim,
-    StartTrainStep,
-    SyncWeights,
-)
+from bidirl.controller.actions import AssignGroups, Lend, Reclaim, StartTrainStep, SyncWeights
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.controller.events import (
     DeviceLent,
