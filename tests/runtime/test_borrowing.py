@@ -117,7 +117,7 @@ def test_reclaimed_replica_hands_back_prefixes_that_resume_exactly_once(tiny_mod
 def test_killing_a_lent_device_mid_step_loses_nothing(tmp_path):
     run = tmp_path / "run"
     script = str(Path(__file__).with_name("faulty_train.py"))
-    out = run_script(script, "2", "--run-dir", str(run), *SMALL, "run.steps=8",
+    out = run_script(script, "1", "--run-dir", str(run), *SMALL, "run.steps=8",
                      "scheduler.policy=bidirl-opportunistic", "trainer.micro_batch_size=1", "rollout.max_new_tokens=16")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "died; redoing its work" in out.stderr
