@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 
 from bidirl.controller.cluster import ClusterSpec
+from bidirl.core.ledger import Role, switch_kind
 from bidirl.runtime.config import ConfigError, TrainConfig
 
 
@@ -74,7 +75,7 @@ def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: 
     measured = []
     primary = workers[spec.train_devices[0]]
     for w, role, _ in calls:
-        kind = "roll_on_train" if role == "rollout" else "train_on_roll"
+        kind = switch_kind(Role.ROLLOUT if role == "rollout" else Role.AUX_TRAIN)
         kw = rollout_kwargs if role == "rollout" else {"model_dir": model_dir, "config": trainer_config}
         weights = primary.call.remote("train", "weights")  # a real lend loads the newest weights
         measured.append((f"{kind}.c_in", ray.get(w.host.remote(role, **kw, weights=[weights], version=0))))

@@ -111,14 +111,14 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
     s, spec = controller.state, rt.spec
     wall = rt.wall_s
     audit = s.groups.audit(spec.staleness, through_batch=spec.steps - 1)
-    ideal_wall = (_ideal_rollout_s(rt) + rt.train_device_s) / spec.devices
-    throughput = rt.tokens_trained / wall
-    ideal = rt.tokens_trained / ideal_wall if ideal_wall > 0 else 0.0
-    ends = [0.0] + rt.step_ends
+    ideal_wall = (_ideal_rollout_s(rt) + rt.trained.device_s) / spec.devices
+    throughput = rt.trained.tokens / wall
+    ideal = rt.trained.tokens / ideal_wall if ideal_wall > 0 else 0.0
+    ends = [0.0] + rt.trained.step_ends
     pools = pool_figures(rec.tally)
     return RunResult(
         policy=policy, scenario=sc.name, steps=spec.steps, wall_s=wall,
-        tokens_trained=rt.tokens_trained, throughput_tokens_per_s=throughput,
+        tokens_trained=rt.trained.tokens, throughput_tokens_per_s=throughput,
         mean_step_time_s=wall / spec.steps,
         pool_busy_fraction=pools["pool_busy_fraction"], switch_time_s=pools["switch_time_s"],
         borrows={"roll_on_train": rt.hosting.lends["roll_on_train"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass, field
 
 import simpy
 
@@ -63,9 +64,7 @@ class SimRuntime:
         self.unplanned: set[int] = set()  # replicas whose next completion must be recomputed
         self.version = 0
         self.synced = 0
-        self.step_ends: list[float] = []
-        self.tokens_trained = 0
-        self.train_device_s = 0.0
+        self.trained = TrainedWork()
         self.wall_s: float | None = None
         self.done = env.event()
 
@@ -213,13 +212,13 @@ class SimRuntime:
             self._at(run.arrive, self.rec.set, d, run.arrive, IDLE, role, WAITING, True)
         for m in tl.measurements:
             self._deliver(m)
-        self.train_device_s += tl.device_seconds
-        self.tokens_trained += sum(mb.tokens for mb in a.micro_batches)
+        self.trained.device_s += tl.device_seconds
+        self.trained.tokens += sum(mb.tokens for mb in a.micro_batches)
         self._at(tl.end, self._stepped, a.step, tl.end - now)
 
     def _stepped(self, step: int, seconds: float) -> None:
         self.version = step + 1
-        self.step_ends.append(self.env.now)
+        self.trained.step_ends.append(self.env.now)
         self.rec.set(self.spec.train_devices, self.env.now, IDLE, "train", WAITING)
         self._deliver(TrainStepFinished(step, step + 1, seconds))
         if step + 1 >= self.spec.steps:
@@ -292,6 +291,15 @@ class SimRuntime:
         else:
             self.rec.set(devs, now, IDLE, "train", WAITING)
         self._deliver(DeviceReclaimed(u, role, cost))
+
+
+@dataclass
+class TrainedWork:
+    """What the trainer did: tokens trained, device-seconds of training, step end times."""
+
+    tokens: int = 0
+    device_s: float = 0.0
+    step_ends: list[float] = field(default_factory=list)
 
 
 class TimingNoise:
