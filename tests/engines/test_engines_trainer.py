@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from bidirl.engines.trainer_torch import (
-    TorchTrainer,
-    TrainerConfig,
-    TrainSample,
-    count_tokens,
-    init_process_group,
-    make_microbatches,
-)
+from bidirl.engines.train_batch import TrainSample, count_tokens, make_microbatches
+from bidirl.engines.trainer_config import TrainerConfig
+from bidirl.engines.trainer_torch import TorchTrainer, init_process_group
 
 CFG = TrainerConfig(lr=1e-3, max_grad_norm=1.0, kl_coef=0.05)
 # Adam's first step is lr * g / (|g| + eps): for elements whose micro-batch contributions
@@ -110,18 +105,13 @@ def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):
     a = TorchTrainer(tiny_model_dir, CFG)
     a.train_step(step1)
     a.save_checkpoint(tmp_path / "ckpt")
-    state = a.state_dict()
     a.train_step(step2)
 
-    for restore in ("dir", "state"):
-        b = TorchTrainer(tiny_model_dir, CFG)
-        if restore == "dir":
-            b.load_checkpoint(tmp_path / "ckpt")
-        else:
-            b.load_state_dict(state)
-        assert b.version == 1
-        b.train_step(step2)
-        assert _same_params(a, b), restore
+    b = TorchTrainer(tiny_model_dir, CFG)
+    b.load_checkpoint(tmp_path / "ckpt")
+    assert b.version == 1
+    b.train_step(step2)
+    assert _same_params(a, b)
 
 
 def test_save_pretrained_loads_as_hf(tiny_model_dir, tmp_path):
@@ -181,8 +171,6 @@ def test_flat_sample_list_uses_configured_micro_batches(tiny_model_dir):
     samples = _samples(tiny_model_dir, 6)
     cfg = TrainerConfig(lr=1e-3, micro_batch_size=2)
     a, b = TorchTrainer(tiny_model_dir, cfg), TorchTrainer(tiny_model_dir, cfg)
-    grads = a.compute_gradients(samples)
-    assert set(grads) == set(a.params) and all(g.ndim == 1 for g in grads.values())
     a.train_step(samples)
     b.train_step(make_microbatches(samples, 2))
     assert _same_params(a, b)

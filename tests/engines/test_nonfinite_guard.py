@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from bidirl.engines.trainer_config import NonFiniteStepError, NonFiniteWeightsError
-from bidirl.engines.trainer_torch import TorchTrainer, TrainerConfig, TrainSample, init_process_group, make_microbatches
+from bidirl.engines.train_batch import TrainSample, make_microbatches
+from bidirl.engines.trainer_config import NonFiniteStepError, NonFiniteWeightsError, TrainerConfig
+from bidirl.engines.trainer_torch import TorchTrainer, init_process_group
 
 CFG = TrainerConfig(lr=1e-3, max_grad_norm=1.0)
 

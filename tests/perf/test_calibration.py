@@ -22,7 +22,7 @@ def test_decode_model_calibrates_from_a_pessimistic_prior():
         b = rng.randint(1, 256)
         ctx = b * rng.uniform(300, 6000)
         measured = truth.decode_step_s(b, ctx) * rng.lognormvariate(0, 0.03)
-        err = belief.observe_decode(b, ctx, measured)
+        err = belief.decode.observe((1.0, b, ctx), measured)
         first = err if first is None else first
     assert first > 0.3  # the prior really was off
     assert _late_error(belief.decode) < 0.05
@@ -35,7 +35,7 @@ def test_train_model_calibrates():
     for _ in range(200):
         tok = rng.randint(2000, 32000)
         seq = rng.uniform(500, 8000)
-        belief.observe_micro(tok, seq, truth.microbatch_s(tok, seq) * rng.lognormvariate(0, 0.03))
+        belief.micro.observe((1.0, tok, tok * seq), truth.microbatch_s(tok, seq) * rng.lognormvariate(0, 0.03))
     assert _late_error(belief.micro) < 0.05
 
 

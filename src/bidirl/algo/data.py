@@ -235,10 +235,6 @@ class PromptCursor:
         """The next n prompts (crossing epoch boundaries as needed)."""
         return [self.next() for _ in range(n)]
 
-    def __iter__(self):
-        while True:
-            yield self.next()
-
     def state_dict(self) -> dict[str, int | bool]:
         return {
             "seed": self.seed,

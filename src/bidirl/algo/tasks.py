@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-ScoreFn = Callable[[str, str, Any, "dict | None"], float]
-
 
 @dataclass(frozen=True)
 class Task:

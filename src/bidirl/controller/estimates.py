@@ -50,6 +50,10 @@ class Estimates:
         self.switch = SwitchCostEstimator(switch_priors(hw, m, spec.rollout_tp, spec.rollout_tp))
         self.weight_sync = LinearTimeModel(
             "weight_sync", (weight_sync_s(hw, m, spec.devices > hw.devices_per_node) * scale,))
+        # The online-calibrated models, keyed by the ``StageMeasured.stage`` that feeds each.
+        self.models = {"decode": self.rollout.decode, "prefill": self.rollout.prefill,
+                       "train_micro": self.train.micro, "aux_micro": self.aux.micro,
+                       "train_sync": self.train.sync, "weight_sync": self.weight_sync}
         self.colocated: deque[float] = deque(maxlen=8)
         self._colocated_prior = self.switch.estimate("roll_on_train.c_in")
         self.response_len = Ema(spec.max_response_tokens / 4)
@@ -62,18 +66,8 @@ class Estimates:
     # -- learning -------------------------------------------------------------------
     def observe(self, stage: str, features: tuple[float, ...], seconds: float) -> None:
         """Feed one measurement to the model of ``stage``."""
-        if stage == "decode":
-            self.rollout.decode.observe(features, seconds)
-        elif stage == "prefill":
-            self.rollout.prefill.observe(features, seconds)
-        elif stage == "train_micro":
-            self.train.micro.observe(features, seconds)
-        elif stage == "aux_micro":
-            self.aux.micro.observe(features, seconds)
-        elif stage == "train_sync":
-            self.train.sync.observe(features, seconds)
-        elif stage == "weight_sync":
-            self.weight_sync.observe(features, seconds)
+        if stage in self.models:
+            self.models[stage].observe(features, seconds)
         elif stage == "colocated_switch":
             self.colocated.append(seconds)
         else:
@@ -119,7 +113,4 @@ class Estimates:
         return median(self.colocated) if self.colocated else self._colocated_prior
 
     def median_errors(self) -> dict[str, float | None]:
-        models = (self.rollout.decode, self.rollout.prefill, self.train.micro, self.aux.micro,
-                  self.train.sync, self.weight_sync)
-        return {m.name if m is not self.aux.micro else "aux_micro": m.median_rel_error()
-                for m in models}
+        return {stage: m.median_rel_error() for stage, m in self.models.items()}

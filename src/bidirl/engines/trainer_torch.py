@@ -31,7 +31,6 @@ gradients): numpy moves through Ray's object store about 10x faster than torch t
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
@@ -53,9 +52,7 @@ from bidirl.engines.train_batch import (
 )
 from bidirl.engines.trainer_config import NonFiniteStepError, NonFiniteWeightsError, TrainerConfig
 
-__all__ = ["GradChunk", "Microbatch", "NonFiniteStepError", "NonFiniteWeightsError", "TorchTrainer", "TrainSample",
-           "TrainerConfig", "collate", "count_tokens", "init_process_group", "make_microbatches",
-           "set_torch_threads"]
+__all__ = ["TorchTrainer", "init_process_group", "set_torch_threads"]
 
 _ORIGINAL_SET_NUM_THREADS = torch._C.set_num_threads  # vLLM's CPU worker replaces torch.set_num_threads
 
@@ -248,28 +245,18 @@ class TorchTrainer:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
         return int(t.item())
 
-    def as_microbatches(self, batch: Sequence[TrainSample] | Sequence[Microbatch]) -> list[Microbatch]:
-        """Accept either micro-batches or a flat list of samples (split by micro_batch_size)."""
-        if batch and isinstance(batch[0], TrainSample):
-            return make_microbatches(batch, self.config.micro_batch_size)  # type: ignore[arg-type]
-        return list(batch)  # type: ignore[arg-type]
-
-    def compute_gradients(
-        self, batch: Sequence[TrainSample] | Sequence[Microbatch], total_tokens: int | None = None
-    ) -> dict[str, np.ndarray]:
-        """Summed flat fp32 gradients of a batch (no optimizer step, no DP all-reduce)."""
-        chunk = self.compute_chunk_grads(self.as_microbatches(batch), total_tokens, per_microbatch=False)
-        return chunk.grads[0]
-
     def train_step(
         self, batch: Sequence[TrainSample] | Sequence[Microbatch], total_tokens: int | None = None
     ) -> dict[str, float]:
-        """One optimizer step over this rank's share of the batch.
+        """One optimizer step over this rank's share of the batch: micro-batches, or a flat
+        list of samples split by ``micro_batch_size``.
 
         Exactly ``apply_grads([compute_chunk_grads(microbatches, N)])`` with N the global
         token count, so it is bitwise equal to any chunked computation of the same step.
         """
-        microbatches = self.as_microbatches(batch)
+        if batch and isinstance(batch[0], TrainSample):
+            batch = make_microbatches(batch, self.config.micro_batch_size)  # type: ignore[arg-type]
+        microbatches = list(batch)  # type: ignore[arg-type]
         if total_tokens is None:
             total_tokens = self.global_token_count(microbatches)
         chunk = self.compute_chunk_grads(microbatches, total_tokens, per_microbatch=False)
@@ -290,21 +277,6 @@ class TorchTrainer:
             p.copy_(torch.from_numpy(np.asarray(weights[name])).view_as(p))
         if version is not None:
             self.version = int(version)
-
-    def state_dict(self) -> dict:
-        """A snapshot (copies, not views: later steps must not change it)."""
-        return {
-            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "version": self.version,
-            "skipped_steps": self.skipped_steps,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.version = int(state["version"])
-        self.skipped_steps = int(state.get("skipped_steps", 0))
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
         """Weights as safetensors (HF names), optimizer via torch.save, version as JSON.

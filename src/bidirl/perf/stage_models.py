@@ -82,9 +82,6 @@ class RolloutStageModel:
             return 0.0
         return batch / self.decode_step_s(batch, batch * mean_context)
 
-    def observe_decode(self, batch: int, context_tokens: float, measured_s: float) -> float:
-        return self.decode.observe((1.0, batch, context_tokens), measured_s)
-
 
 def max_concurrency(hw: HardwareProfile, m: ModelProfile, tp: int, context_tokens: float,
                     max_num_seqs: int = MAX_NUM_SEQS) -> int:
@@ -117,12 +114,8 @@ class TrainStageModel:
         self.sync = LinearTimeModel("train_sync", (0.05 * self.prior_scale, self.prior_scale),
                                     refit_every=self.refit_every)
 
-    @staticmethod
-    def micro_features(tokens: float, seq_len: float) -> tuple[float, float, float]:
-        return (1.0, tokens, tokens * seq_len)
-
     def microbatch_s(self, tokens: float, seq_len: float) -> float:
-        return self.micro.predict(self.micro_features(tokens, seq_len))
+        return self.micro.predict((1.0, tokens, tokens * seq_len))
 
     def grad_wire_s(self, dp: int, spans_nodes: bool) -> float:
         """Bandwidth term of a ring all-reduce of the gradients over ``dp`` ranks."""
@@ -150,9 +143,6 @@ class TrainStageModel:
         for i, tok in enumerate(micro_tokens):
             per_rank[i % dp] += self.microbatch_s(tok, seq_len)
         return max(per_rank) + self.sync_s(dp, spans_nodes) + self.optimizer_s()
-
-    def observe_micro(self, tokens: float, seq_len: float, measured_s: float) -> float:
-        return self.micro.observe(self.micro_features(tokens, seq_len), measured_s)
 
 
 def weight_sync_s(hw: HardwareProfile, m: ModelProfile, spans_nodes: bool = True) -> float:

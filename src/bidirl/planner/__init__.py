@@ -5,8 +5,3 @@ applies its envelope.  The entry points live in the ``plan`` module (not re-expo
 here, so that ``from bidirl.planner import plan`` names the module).  Pure: imports no
 torch, ray, vllm or simpy, nor the simulator (``Pools`` comes from ``bidirl.perf.scenario``).
 """
-
-from bidirl.planner.compat import Rejection, check_envelope
-from bidirl.planner.envelope import Envelope, scenario_with_envelope
-
-__all__ = ["Envelope", "Rejection", "check_envelope", "scenario_with_envelope"]

@@ -24,11 +24,11 @@ An envelope is kept only if all of these hold (each failure is reported as a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bidirl.perf.profiles import GIB
 from bidirl.planner.context import PlanContext
-from bidirl.planner.envelope import Envelope, with_budgets
+from bidirl.planner.envelope import Envelope
 from bidirl.planner.memory import (
     MemoryNeed,
     aux_trainer_need,
@@ -149,5 +149,5 @@ def check_envelope(ctx: PlanContext, env: Envelope) -> Envelope | Rejection:
                          parked, host)
     conc = rollout_concurrency(hw, m, r, ctx.plan_context)
     roll = rollout_need(hw, m, r, conc, ctx.plan_context)
-    return with_budgets(env, train_sharded=sharded, aux_group=r, rollout_concurrency=conc,
-                        rollout_memory_bytes=roll.total, train_memory_bytes=train.total)
+    return replace(env, train_sharded=sharded, aux_group=r, rollout_concurrency=conc,
+                   rollout_memory_bytes=roll.total, train_memory_bytes=train.total)

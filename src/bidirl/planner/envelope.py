@@ -18,7 +18,6 @@ imports the simulator.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +100,3 @@ def scenario_with_envelope(scenario, envelope: Envelope):
     """``scenario`` with its pools (and device count) replaced by ``envelope``'s."""
     return scenario.replace(pools=envelope.to_pools(), devices=envelope.devices)
 
-
-def with_budgets(envelope: Envelope, **changes: Any) -> Envelope:
-    return dataclasses.replace(envelope, **changes)

@@ -88,10 +88,6 @@ class LengthStats:
         p = self.prompt_tokens
         return (p * p + 2 * p * self.mean + self.second_moment) / (p + self.mean)
 
-    def quantile(self, prob: float) -> float:
-        i = min(len(self.quantiles) - 1, max(0, int(prob * len(self.quantiles))))
-        return self.quantiles[i]
-
     def staggered_max(self, n: int):
         """``x -> E[max_i (L_i - U_i x)]`` for ``n`` responses (module docstring)."""
         q = np.asarray(self.quantiles)

@@ -74,10 +74,7 @@ class PlanResult:
         return {
             "scenario": self.scenario,
             "steps": self.steps,
-            "envelope": self.envelope.to_json(),
-            "predicted_tokens_per_s": round(self.predicted_tokens_per_s, 2),
-            "predicted_step_time_s": round(self.predicted_step_time_s, 4),
-            "prediction": self.prediction.to_json(),
+            **Candidate(self.envelope, self.prediction).to_json(),
             "alternatives": [c.to_json() for c in self.alternatives],
             "evaluated": self.evaluated,
             "compatible": self.compatible,

@@ -132,12 +132,7 @@ class RolloutRole:
         ids = list(self._live)
         if ids:
             self._engine.abort_request(ids)
-        partials = [self._partial.pop(i) for i in ids]
-        for i in ids:
-            self._live.pop(i)
-            self._context.pop(i, None)
-            self._base.pop(i, None)
-        return partials
+        return [self._forget(i)[1] for i in ids]
 
     def snapshot(self) -> list[ResponseResult]:
         """Copies of every live response's progress, without interrupting it (checkpoints)."""
@@ -165,8 +160,7 @@ class RolloutRole:
         self._restart_live()
         return time.perf_counter() - t0
 
-    def set_weights(self, named_arrays: dict, version: int) -> float:
-        return self.update_weights(named_arrays, version)
+    set_weights = update_weights  # the name every role's weight refresh has (worker.host)
 
     def sleep(self) -> None:
         """Give memory back while parked: KV cache on CUDA (vLLM sleep level 1)."""
@@ -208,6 +202,12 @@ class RolloutRole:
         self._context[rid] = len(context)
         self._prefill_tokens += len(context)
 
+    def _forget(self, rid: str) -> tuple[ResponseRequest, ResponseResult]:
+        """Drop engine request ``rid`` from the bookkeeping; returns its request and progress."""
+        self._context.pop(rid)
+        self._base.pop(rid)
+        return self._live.pop(rid), self._partial.pop(rid)
+
     def _restart_live(self) -> None:
         """Re-prefill every live response (after a weight update: no KV from old weights)."""
         ids = list(self._live)
@@ -215,9 +215,7 @@ class RolloutRole:
             return
         self._engine.abort_request(ids)
         for rid in ids:
-            r, res = self._live.pop(rid), self._partial.pop(rid)
-            self._context.pop(rid, None)
-            self._base.pop(rid, None)
+            r, res = self._forget(rid)
             self._restarts += 1
             self._add(f"{r.request_id}.u{self._restarts}", r, res)
 
@@ -246,9 +244,6 @@ class RolloutRole:
         if out.finished:
             res.finished = True
             res.finish_reason = comp.finish_reason
-            self._live.pop(rid)
-            self._partial.pop(rid)
-            self._context.pop(rid, None)
-            self._base.pop(rid, None)
+            self._forget(rid)
             return res
         return None

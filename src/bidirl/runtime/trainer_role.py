@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from bidirl.engines.train_batch import GradChunk, TrainSample
 from bidirl.engines.trainer_config import from_wire
-from bidirl.engines.trainer_torch import GradChunk, TorchTrainer, TrainSample
+from bidirl.engines.trainer_torch import TorchTrainer
 
 
 class TrainerRole:
@@ -24,10 +25,6 @@ class TrainerRole:
         self.trainer = TorchTrainer(model_dir, cfg, process_group=process_group, device=device, seed=seed)
         if weights is not None:
             self.trainer.set_weights_numpy(weights, version)
-
-    @property
-    def version(self) -> int:
-        return self.trainer.version
 
     def compute_chunk_ref(self, microbatches: list[list[dict]], total_tokens: int
                           ) -> tuple[GradChunk, list[tuple[int, int, float]]]:
@@ -63,10 +60,6 @@ class TrainerRole:
                 c_grad.append(time.perf_counter() - t0)
         return self.trainer.apply_grads(chunks), c_grad
 
-    def apply(self, chunks: list[GradChunk]) -> dict[str, float]:
-        """Sum chunks in the given order and step the optimizer (primary only)."""
-        return self.trainer.apply_grads(chunks)
-
     def get_version(self) -> int:
         return self.trainer.version
 
@@ -89,9 +82,6 @@ class TrainerRole:
             p.grad = None
 
     def wake(self) -> None:
-        return None
-
-    def abort_all(self) -> None:
         return None
 
     def release(self) -> None:
