@@ -101,9 +101,13 @@ class StepReporter:
         self.progress.update(rec.step + 1, reward=reward, tokens_per_s=m["perf/throughput"],
                              idle_ratios=ratios, staleness_mean=m["staleness/mean"],
                              staleness_max=m["staleness/max"])
+        s.boundary = rec.step + 1
         every = cfg.run.checkpoint_every
-        if every and ((rec.step + 1) % every == 0 or rec.step + 1 == cfg.run.steps):  # the last step too
-            s.checkpoint(rec.step + 1, rt)
+        if (every and s.boundary % every == 0) or s.boundary == cfg.run.steps:  # the last step always
+            s.checkpoint(s.boundary, rt)
+        if s.stop.requested and s.stopped_at is None and s.boundary < cfg.run.steps:
+            s.checkpoint_boundary(rt)  # a signal: this boundary is where the run stops
+            s.stopped_at = s.boundary
 
     def _absorb_intervals(self, intervals: list) -> dict[str, float]:
         """Add the intervals closed since the last step to running totals; idle ratios so far.
@@ -140,14 +144,15 @@ class StepReporter:
         self.progress.close()
         self.ledger.close()
 
-    def finish(self, summary: dict, intervals) -> None:
-        """Final metrics, trace, timeline and summary files."""
+    def finish(self, summary: dict, intervals, final_step: int | None = None) -> None:
+        """Final metrics (logged at ``final_step``: ``run.steps``, or where a stopped run
+        stopped), trace, timeline and summary files."""
         cfg, run_dir = self.cfg, self.session.run_dir
         final = {"final/stage_model_median_error/" + k: v
                  for k, v in summary["stage_model_median_error"].items() if v is not None}
         final["final/wall_s"] = summary["wall_s"]
         final["final/throughput_tokens_per_s"] = summary["throughput_tokens_per_s"]
-        self.metrics.log(cfg.run.steps, final)
+        self.metrics.log(cfg.run.steps if final_step is None else final_step, final)
         self.metrics.close()
         summary.update(self._guard_totals())
         if intervals:
