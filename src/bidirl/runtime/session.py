@@ -414,8 +414,10 @@ class TrainSession:
         reporter.finish(summary, intervals, final_step=cfg.run.steps if finished else self.boundary)
         del ray
         if failed is not None:
-            text = " ".join(str(failed).split()).replace("RUN_DIR", str(self.run_dir))
-            raise NonFiniteStepError(f"{text} (checkpoint of step {self.boundary} written)")
+            what = " ".join(str(failed).split()).split(": no weight")[0]
+            raise NonFiniteStepError(f"{what}: no weight was changed; checkpoint of step {self.boundary} written; "
+                                     f"resume with: bidirl train --resume {self.run_dir} trainer.on_nonfinite=skip "
+                                     "(or without the override, to stop at such a step again)")
         return summary
 
     def checkpoint_boundary(self, rt) -> None:
