@@ -5,6 +5,12 @@ Metric names follow veRL's dashboards (``timing_s/step``, ``perf/throughput``,
 here too: ``reward/bad_count`` (rewards scored 0 under ``data.on_bad_reward=zero``) and
 ``actor/skipped_steps`` (steps skipped for a non-finite loss or gradient) per step, and
 their totals in ``summary.json`` (``reward_bad_count``, ``skipped_steps``).
+
+Checkpoints are written here, at a step boundary (inside ``on_step``, before the
+controller has seen the step finish, so the primary trainer is idle): every
+``run.checkpoint_every`` steps, at the last step always, and at the first boundary after
+a stop signal (``session.StopSignals``), after which the executor's ``should_stop`` ends
+the loop.
 """
 
 from __future__ import annotations
@@ -127,8 +133,8 @@ class StepReporter:
     def _guard_totals(self) -> dict:
         """Bad rewards scored 0 and steps skipped over the whole run, resumes included.
 
-        Read back from ``metrics.jsonl`` (a resumed run appends to it; a step logged twice,
-        before a kill and again after the resume, counts once: its last record).
+        Read back from ``metrics.jsonl``, which a resume cuts back to its checkpoint's step
+        before appending (should a step still be logged twice, it counts once: its last record).
         """
         from bidirl.obs.metrics import read_metrics
 
