@@ -3,7 +3,9 @@
 Each subcommand lives in a small function; heavy imports (torch, vLLM, Ray, matplotlib)
 happen only inside the subcommand that needs them, so ``bidirl simulate`` starts fast.
 Expected failures (a bad scenario or config, a missing file) print one line naming the
-field and exit with status 2; a traceback means a bug.
+field and exit with status 2; a traceback means a bug.  ``bidirl train`` stopped by SIGINT
+or SIGTERM stops at a step boundary with a checkpoint and exits 130 / 143
+(``runtime/session.py``).
 """
 
 from __future__ import annotations
@@ -167,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run GRPO for real (default: tiny model on local CPU)",
                        epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", help="YAML config file")
-    t.add_argument("--resume", help="run directory to resume from")
+    t.add_argument("--resume", help="run directory to continue, from its newest usable checkpoint and with its "
+                   "config.yaml (not with --config or --run-dir); key=value may change only fields that leave "
+                   "the checkpoint's meaning alone (runtime/train.RESUME_SAFE: run.steps, cluster.*, ...)")
     t.add_argument("--ray-address", help="join an existing Ray cluster instead")
     t.add_argument("--run-dir", help="where to write the run (default runs/<time>)")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.lr=1e-5")

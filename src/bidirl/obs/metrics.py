@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["METRICS_FILENAME", "MetricsLogger", "read_metrics"]
+__all__ = ["METRICS_FILENAME", "MetricsLogger", "read_metrics", "truncate_metrics"]
 
 METRICS_FILENAME = "metrics.jsonl"
 TB_BACKENDS = ("auto", "torch", "tensorboard", "none")
@@ -86,7 +86,8 @@ class MetricsLogger:
 
     ``tensorboard`` picks the writer: ``auto`` (torch, else tensorboard, else none),
     ``torch`` or ``tensorboard`` (raise ImportError if missing) or ``none``.
-    Re-opening a run directory appends, so a resumed run continues the same file.
+    Re-opening a run directory appends, so a resumed run continues the same file
+    (after ``truncate_metrics`` has cut it back to the checkpoint's step).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, tensorboard: str = "auto") -> None:
@@ -177,3 +178,40 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
                 break
             raise ValueError(f"{target}:{number}: not a JSON object ({err})") from err
     return records
+
+
+def truncate_metrics(path: str | os.PathLike[str], next_step: int) -> int:
+    """Cut ``metrics.jsonl`` (or a run directory's) back to the records of steps before
+    ``next_step``, as a resume from that step's checkpoint needs; returns how many went.
+
+    The steps from ``next_step`` on are trained again and logged again, so their old
+    records (and a final record) would be duplicates.  A malformed last line (a crash
+    mid-write) is dropped, a malformed line elsewhere too, with a warning: this file is a
+    report, not the ledger.  The file is replaced atomically.
+    """
+    target = Path(path)
+    if target.is_dir():
+        target = target / METRICS_FILENAME
+    if not target.is_file():
+        return 0
+    keep, dropped = [], 0
+    text = target.read_text(encoding="utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step = int(record["step"])
+        except (ValueError, TypeError, KeyError):
+            log.warning("dropping malformed line %d of %s", number, target)
+            dropped += 1
+            continue
+        if step < next_step:
+            keep.append(line)
+        else:
+            dropped += 1
+    if dropped or (text and not text.endswith("\n")):  # the next record must start a line
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
+        os.replace(tmp, target)
+    return dropped

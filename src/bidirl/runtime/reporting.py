@@ -5,6 +5,12 @@ Metric names follow veRL's dashboards (``timing_s/step``, ``perf/throughput``,
 here too: ``reward/bad_count`` (rewards scored 0 under ``data.on_bad_reward=zero``) and
 ``actor/skipped_steps`` (steps skipped for a non-finite loss or gradient) per step, and
 their totals in ``summary.json`` (``reward_bad_count``, ``skipped_steps``).
+
+Checkpoints are written here, at a step boundary (inside ``on_step``, before the
+controller has seen the step finish, so the primary trainer is idle): every
+``run.checkpoint_every`` steps, at the last step always, and at the first boundary after
+a stop signal (``session.StopSignals``), after which the executor's ``should_stop`` ends
+the loop.
 """
 
 from __future__ import annotations
@@ -101,9 +107,13 @@ class StepReporter:
         self.progress.update(rec.step + 1, reward=reward, tokens_per_s=m["perf/throughput"],
                              idle_ratios=ratios, staleness_mean=m["staleness/mean"],
                              staleness_max=m["staleness/max"])
+        s.boundary = rec.step + 1
         every = cfg.run.checkpoint_every
-        if every and ((rec.step + 1) % every == 0 or rec.step + 1 == cfg.run.steps):  # the last step too
-            s.checkpoint(rec.step + 1, rt)
+        if (every and s.boundary % every == 0) or s.boundary == cfg.run.steps:  # the last step always
+            s.checkpoint(s.boundary, rt)
+        if s.stop.requested and s.stopped_at is None and s.boundary < cfg.run.steps:
+            s.checkpoint_boundary(rt)  # a signal: this boundary is where the run stops
+            s.stopped_at = s.boundary
 
     def _absorb_intervals(self, intervals: list) -> dict[str, float]:
         """Add the intervals closed since the last step to running totals; idle ratios so far.
@@ -123,8 +133,8 @@ class StepReporter:
     def _guard_totals(self) -> dict:
         """Bad rewards scored 0 and steps skipped over the whole run, resumes included.
 
-        Read back from ``metrics.jsonl`` (a resumed run appends to it; a step logged twice,
-        before a kill and again after the resume, counts once: its last record).
+        Read back from ``metrics.jsonl``, which a resume cuts back to its checkpoint's step
+        before appending (should a step still be logged twice, it counts once: its last record).
         """
         from bidirl.obs.metrics import read_metrics
 
@@ -140,14 +150,15 @@ class StepReporter:
         self.progress.close()
         self.ledger.close()
 
-    def finish(self, summary: dict, intervals) -> None:
-        """Final metrics, trace, timeline and summary files."""
+    def finish(self, summary: dict, intervals, final_step: int | None = None) -> None:
+        """Final metrics (logged at ``final_step``: ``run.steps``, or where a stopped run
+        stopped), trace, timeline and summary files."""
         cfg, run_dir = self.cfg, self.session.run_dir
         final = {"final/stage_model_median_error/" + k: v
                  for k, v in summary["stage_model_median_error"].items() if v is not None}
         final["final/wall_s"] = summary["wall_s"]
         final["final/throughput_tokens_per_s"] = summary["throughput_tokens_per_s"]
-        self.metrics.log(cfg.run.steps, final)
+        self.metrics.log(cfg.run.steps if final_step is None else final_step, final)
         self.metrics.close()
         summary.update(self._guard_totals())
         if intervals:

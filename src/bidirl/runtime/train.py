@@ -206,7 +206,49 @@ def check_reward_fn(reward_fn, row) -> None:
     print(f"[bidirl] warning: {what}; such rewards will be scored 0 (data.on_bad_reward=zero)", file=sys.stderr)
 
 
+RESUME_SAFE = ("run.steps", "run.checkpoint_every", "run.tensorboard", "run.plot", "scheduler.policy", "cluster.",
+               "rollout.max_num_seqs", "rollout.kv_cache_mb", "trainer.threads", "trainer.micro_batch_size",
+               "trainer.on_nonfinite", "data.on_bad_reward")
+"""Fields ``--resume DIR key=value`` may change (a name ending in ``.``: its whole section).
+
+They change how the rest of the run is carried out, not what it is: the length
+(``run.steps``, at least the checkpoint's step), checkpoint spacing, logging, the
+scheduling policy, the cluster (devices, Ray address, prewarm), vLLM's capacity
+(``rollout.max_num_seqs``, ``rollout.kv_cache_mb``), the trainer's threads and
+micro-batch size (the update is the same sum), what a non-finite step does and what a
+bad reward scores.  Everything else is refused, because the checkpoint and the ledger of
+trained groups depend on it: group ids and sizes (``rollout.prompts_per_step``,
+``rollout.group_size``), the prompt sequence and rewards (``data.*``), the samples
+(``rollout.max_new_tokens``, ``rollout.temperature``, ``run.seed``), the staleness
+bound the audit checks (``scheduler.staleness``), the model (``model.*``) and the
+optimizer (``trainer.lr`` and the rest: the checkpointed optimizer state carries them).
+"""
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resume_overrides(saved: TrainConfig, cfg: TrainConfig) -> None:
+    """``ConfigError`` naming the first field ``cfg`` changes that ``RESUME_SAFE`` does not allow."""
+    old, new = _flat(saved.to_dict()), _flat(cfg.to_dict())
+    for key in sorted(new):
+        if new[key] == old.get(key) or (key.startswith(RESUME_SAFE) and key != "run.run_dir"):
+            continue
+        raise ConfigError(f"--resume: {key} is {old.get(key)!r} in the checkpointed run (config.yaml), the override "
+                          f"sets {new[key]!r}: the checkpoint and the ledger of trained groups depend on it; "
+                          f"on resume only {', '.join(k + '*' if k.endswith('.') else k for k in RESUME_SAFE)} "
+                          "may change")
+
+
 def resolve_run_dir(cfg: TrainConfig, resume: str | None, run_dir: str | None) -> Path:
+    """The run directory: ``--resume``'s (which must hold a ``config.yaml``), or a new empty one."""
     if resume:
         p = Path(resume)
         if not (p / "config.yaml").is_file():
@@ -220,21 +262,45 @@ def resolve_run_dir(cfg: TrainConfig, resume: str | None, run_dir: str | None) -
 
 
 def main(args, wrap_backend=None) -> int:
-    """``bidirl train``; ``wrap_backend`` is the tests' fault-injection seam (see TrainSession)."""
-    if args.resume:
-        run_dir = resolve_run_dir(None, args.resume, None)
-        cfg = load_config(str(run_dir / "config.yaml"), list(args.overrides or []))
-    else:
-        cfg = load_config(args.config, list(args.overrides or []))
-        run_dir = resolve_run_dir(cfg, None, args.run_dir)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    if args.ray_address:
-        cfg.cluster.ray_address = args.ray_address
+    """``bidirl train``; ``wrap_backend`` is the tests' fault-injection seam (see TrainSession).
+
+    Exit status: 0 (the run finished and audits clean, or ``--resume`` found it finished),
+    1 (it finished but the audit failed), 128 + the signal's number when SIGINT (130) or
+    SIGTERM (143) stopped it at a step boundary, 2 for a user error or a non-finite step
+    under ``trainer.on_nonfinite=stop`` (raised to the CLI, which prints one line).
+    """
     from bidirl.runtime.session import TrainSession
 
-    session = TrainSession(cfg, run_dir, resume=bool(args.resume), wrap_backend=wrap_backend)
+    overrides = list(args.overrides or [])
+    if args.resume:
+        given = [f for f, v in (("--config", args.config), ("--run-dir", args.run_dir)) if v]
+        if given:
+            raise ConfigError(f"{' and '.join(given)} cannot be given with --resume: a resumed run keeps its "
+                              f"directory and its config.yaml (change safe fields with key=value)")
+        run_dir = resolve_run_dir(None, args.resume, None)
+        saved = load_config(str(run_dir / "config.yaml"), [])
+        cfg = load_config(str(run_dir / "config.yaml"), overrides)
+        check_resume_overrides(saved, cfg)
+        session = TrainSession(cfg, run_dir, resume=True, wrap_backend=wrap_backend)
+        session.prepare_resume()  # the checkpoint, checked against run.steps; ledger and metrics cut back
+        if overrides:  # the run directory's config is the one the run continues with
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    else:
+        cfg = load_config(args.config, overrides)
+        run_dir = resolve_run_dir(cfg, None, args.run_dir)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        session = TrainSession(cfg, run_dir, resume=False, wrap_backend=wrap_backend)
+    if args.ray_address:
+        cfg.cluster.ray_address = args.ray_address
     summary = session.run()
     print(json.dumps({k: summary[k] for k in ("steps", "wall_s", "reward_first", "reward_last",
                                               "throughput_tokens_per_s", "groups_trained", "audit_ok")}, indent=1))
     print(f"[bidirl] run directory: {run_dir}", file=sys.stderr)
+    stopped = summary.get("stopped")
+    if stopped:
+        how = "" if not stopped["abandoned"] else f" (step {stopped['at_step']} abandoned)"
+        at = stopped["resume_step"]
+        print(f"[bidirl] stopped at step {at} by {stopped['by']}{how}; resume with: bidirl train --resume {run_dir}",
+              file=sys.stderr)
+        return stopped["exit_status"]
     return 0 if summary["audit_ok"] else 1
