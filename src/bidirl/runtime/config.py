@@ -86,7 +86,7 @@ class RunConfig:
     steps: int = option(500, "optimizer steps", ge=1)
     seed: int = option(0, "seed of the trainer and the engines")
     run_dir: str | None = option(None, "where the run is written; null: runs/<timestamp>")
-    checkpoint_every: int = option(50, "steps between checkpoints; 0 disables", ge=0)
+    checkpoint_every: int = option(50, "steps between checkpoints; 0: only the last step's and a stop's", ge=0)
     tensorboard: bool = option(True, "write TensorBoard event files")
     plot: bool = option(True, "write a timeline plot at the end")
 
