@@ -79,6 +79,8 @@ class ClusterConfig:
                                     gt=0, le=1)
     ray_address: str | None = option(None, "join an existing Ray cluster instead of starting one")
     prewarm: bool = option(True, "start borrowable roles once and park them, so C_in is a hot switch")
+    oversubscribe: bool = option(False, "cpu: allow more device workers than this machine has cores "
+                                 "(each then runs slower than a device would)")
 
 
 @dataclass
@@ -87,6 +89,8 @@ class RunConfig:
     seed: int = option(0, "seed of the trainer and the engines")
     run_dir: str | None = option(None, "where the run is written; null: runs/<timestamp>")
     checkpoint_every: int = option(50, "steps between checkpoints; 0: only the last step's and a stop's", ge=0)
+    keep_checkpoints: int = option(2, "complete checkpoints kept (the newest); resume falls back to an older "
+                                   "one if the newest is damaged", ge=1)
     tensorboard: bool = option(True, "write TensorBoard event files")
     plot: bool = option(True, "write a timeline plot at the end")
 

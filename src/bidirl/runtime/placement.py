@@ -9,6 +9,7 @@ placement group so each gets its own core (or GPU).
 
 from __future__ import annotations
 
+import os
 import socket
 
 from bidirl.controller.cluster import ClusterSpec
@@ -42,6 +43,21 @@ def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float) -> ClusterSpe
         devices_per_node=r + t,
         prior_scale=1.0,
     )
+
+
+def check_machine_fits(cfg: TrainConfig, cores: int | None = None) -> None:
+    """On a local CPU cluster each device worker needs a core of its own: refuse more
+    devices than cores before anything starts (``cluster.oversubscribe=true`` allows it).
+    Ray would otherwise be told the machine has that many cores and start them all."""
+    c = cfg.cluster
+    if c.device != "cpu" or c.ray_address or c.oversubscribe:
+        return
+    cores = cores or os.cpu_count() or 1
+    devices = c.rollout_devices + c.train_devices
+    if devices > cores:
+        raise ConfigError(f"cluster: {devices} devices (rollout_devices {c.rollout_devices} + train_devices "
+                          f"{c.train_devices}) on a machine with {cores} CPU cores; each device worker needs a "
+                          f"core. Use at most {cores} devices or set cluster.oversubscribe=true")
 
 
 def _free_port() -> int:

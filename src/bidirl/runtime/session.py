@@ -37,20 +37,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import statistics
-import struct
 import sys
-import threading
 import time
-import zipfile
 from pathlib import Path
 
-from bidirl.runtime.config import ConfigError, TrainConfig
-
-
-class ResumeError(ConfigError):
-    """``--resume`` cannot continue this run directory (reported in one line, exit 2)."""
+from bidirl.runtime.checkpoints import (  # noqa: F401  (re-exported for the tests)
+    ResumeError,
+    checkpoint_problem,
+    complete_checkpoints,
+    ledger_problem,
+    read_jsonl,
+    rewrite_jsonl,
+    safetensors_problem,
+    select_checkpoint,
+)
+from bidirl.runtime.config import TrainConfig
+from bidirl.runtime.stops import StopSignals, nonfinite_step_error  # noqa: F401
 
 
 def _admission_summary(decisions: list) -> dict:
@@ -60,203 +63,6 @@ def _admission_summary(decisions: list) -> dict:
     return {"latest": [{"direction": d.direction, "t": round(d.t, 3), "units": d.units,
                         "benefit_s": round(d.benefit_s, 4), "cost_s": round(d.cost_s, 4), "admit": d.admit}
                        for d in decisions[-20:]], **admission_counts(decisions)}
-
-
-# -- graceful stops ---------------------------------------------------------------------------
-class StopSignals:
-    """SIGINT / SIGTERM while the loop runs: stop at the next step boundary; again: now.
-
-    The handler only records the signal (and prints one line): the loop checks
-    ``requested`` at each step boundary and ``abandon`` after each wait.  ``installed()``
-    sets the handlers for its block and puts the previous ones back after it; outside the
-    main thread (where Python allows no handler) it does nothing.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.count = 0
-        self._previous: dict[int, object] = {}
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
-    @property
-    def abandon(self) -> bool:
-        return self.count >= 2
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
-
-    @property
-    def exit_status(self) -> int:
-        return 128 + int(self.signum or 0)
-
-    def handle(self, signum: int, frame=None) -> None:
-        self.count += 1
-        if self.signum is None:
-            self.signum = signum
-        name = signal.Signals(signum).name
-        if self.count == 1:
-            print(f"\n[bidirl] {name}: stopping at the next step boundary (checkpoint, summary, trace); "
-                  f"send it again to abandon the step in progress", file=sys.stderr, flush=True)
-        elif self.count == 2:
-            print(f"\n[bidirl] {name} again: abandoning the step in progress (no new checkpoint); "
-                  "a third signal ends bidirl at once", file=sys.stderr, flush=True)
-            self.restore()
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for s in self.SIGNALS:
-            self._previous[s] = signal.getsignal(s)
-            signal.signal(s, self.handle)
-
-    def restore(self) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-        self._previous.clear()
-
-
-def nonfinite_step_error(e: BaseException):
-    """The ``NonFiniteStepError`` that ``e`` is (or that Ray's ``RayTaskError`` wraps), or None."""
-    from bidirl.engines.trainer_config import NonFiniteStepError
-
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, NonFiniteStepError):
-        return cause
-    return e if isinstance(e, NonFiniteStepError) else None
-
-
-# -- run-directory files: jsonl tolerant of a torn last line, checkpoint checks ---------------------
-def read_jsonl(path: Path) -> tuple[list[dict], int]:
-    """(records, torn): a JSON-lines file whose malformed *last* line (a crash mid-write) is
-    dropped and counted; a malformed line before the last one raises ``ValueError``."""
-    if not path.is_file():
-        return [], 0
-    lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    records = []
-    for i, ln in enumerate(lines, start=1):
-        try:
-            rec = json.loads(ln)
-            if not isinstance(rec, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as e:
-            if i == len(lines):
-                return records, 1
-            raise ValueError(f"{path}: line {i} is corrupt ({e})") from None
-        records.append(rec)
-    return records, 0
-
-
-def rewrite_jsonl(path: Path, records: list[dict]) -> None:
-    """Replace ``path`` with ``records``, atomically (a crash leaves the old or the new file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def safetensors_problem(path: Path) -> str | None:
-    """Why a safetensors file is not whole (header length, header, data size), or None."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n <= 0 or 8 + n > size:
-                return f"{path.name}: truncated header"
-            header = json.loads(f.read(n))
-    except (OSError, struct.error, ValueError) as e:
-        return f"{path.name}: unreadable ({e})"
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    if 8 + n + max(ends, default=0) != size:
-        return f"{path.name}: {size} bytes, its header describes {8 + n + max(ends, default=0)}"
-    return None
-
-
-def checkpoint_problem(ckpt: Path) -> tuple[str | None, dict | None]:
-    """(why a complete checkpoint cannot be resumed from, or None; its parsed state)."""
-    try:
-        state = json.loads((ckpt / "state.json").read_text())
-    except (OSError, ValueError) as e:
-        return f"state.json: {'missing' if isinstance(e, OSError) else 'truncated or corrupt'}", None
-    step = int(ckpt.name.split("_")[1])
-    if not isinstance(state, dict) or state.get("next_step") != step or not {"cursor", "store"} <= set(state):
-        return f"state.json does not describe step {step}", None
-    trainer = ckpt / "trainer"
-    for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
-        if not (trainer / name).is_file():
-            return f"trainer/{name} missing", None
-    bad = safetensors_problem(trainer / "model.safetensors")
-    if bad:
-        return f"trainer/{bad}", None
-    if not zipfile.is_zipfile(trainer / "optimizer.pt"):
-        return "trainer/optimizer.pt: truncated or corrupt", None
-    try:
-        json.loads((trainer / "trainer_state.json").read_text())["version"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "trainer/trainer_state.json: truncated or corrupt", None
-    return None, state
-
-
-def ledger_problem(records: list[dict], next_step: int, prompts_per_step: int) -> str | None:
-    """Why the ledger's records before ``next_step`` are not every group of those steps once."""
-    from collections import Counter
-
-    try:
-        counts = Counter(int(r["group"]) for r in records if int(r["step"]) < next_step)
-    except (KeyError, TypeError, ValueError):
-        return "trained_groups.jsonl: a record without group and step"
-    expected = next_step * prompts_per_step
-    missing = [g for g in range(expected) if counts[g] == 0]
-    twice = [g for g, c in counts.items() if c > 1 or g >= expected]
-    if missing or twice:
-        return (f"trained_groups.jsonl holds {sum(counts.values())} records of steps < {next_step}, "
-                f"expected groups 0..{expected - 1} once each ({len(missing)} missing, {len(twice)} extra)")
-    return None
-
-
-def complete_checkpoints(ckpt_root: Path) -> list[Path]:
-    """``step_<k>`` directories with a ``COMPLETE`` marker, oldest first."""
-    if not ckpt_root.is_dir():
-        return []
-    return sorted((p for p in ckpt_root.glob("step_*") if p.name[5:].isdigit() and (p / "COMPLETE").is_file()),
-                  key=lambda p: int(p.name.split("_")[1]))
-
-
-def select_checkpoint(ckpt_root: Path, ledger_path: Path, prompts_per_step: int,
-                      mark_damaged: bool = True) -> tuple[Path | None, dict | None]:
-    """(newest usable checkpoint, its state) as the module docstring describes, or
-    (None, None) when there is no complete checkpoint; ``ResumeError`` when none is usable."""
-    done = complete_checkpoints(ckpt_root)
-    if not done:
-        return None, None
-    try:
-        ledger, torn = read_jsonl(ledger_path)
-        ledger_error = None
-    except ValueError as e:
-        ledger, torn, ledger_error = [], 0, str(e)
-    if torn:
-        print(f"[bidirl] {ledger_path.name}: dropping a torn last line", file=sys.stderr)
-    unusable: list[tuple[Path, str]] = []
-    for ckpt in reversed(done):
-        why, state = checkpoint_problem(ckpt)
-        if why is None:
-            why = ledger_error or ledger_problem(ledger, state["next_step"], prompts_per_step)
-        if why is None:
-            for bad, reason in unusable if mark_damaged else ():
-                (bad / "DAMAGED").write_text(reason + "\n")
-                (bad / "COMPLETE").unlink(missing_ok=True)
-            if unusable:
-                print(f"[bidirl] falling back to {ckpt}, the newest usable checkpoint", file=sys.stderr)
-            return ckpt, state
-        unusable.append((ckpt, why))
-        print(f"[bidirl] checkpoint {ckpt} is unusable: {why}", file=sys.stderr)
-    reasons = [f"{c.name}: {why}" for c, why in unusable]
-    raise ResumeError(f"--resume: no usable checkpoint in {ckpt_root} ({'; '.join(reasons)}); "
-                      "start a new run, or repair the run directory")
 
 
 class TrainSession:
@@ -308,8 +114,10 @@ class TrainSession:
         from bidirl.algo.tiny_model import encode_prompt, load_tokenizer
         from bidirl.runtime.cluster import ray_session
         from bidirl.runtime.group_store import GroupStore
+        from bidirl.runtime.placement import check_machine_fits
         from bidirl.runtime.train import fit_prompts, prepare_data, prepare_model
 
+        check_machine_fits(self.cfg)  # before any data, model or Ray set-up
         cfg = self.cfg
         ckpt, state = self.prepare_resume() if self.resume else (None, None)
         if self.resume and self.start_step >= cfg.run.steps:
@@ -499,20 +307,24 @@ class TrainSession:
     def checkpoint(self, next_step: int, rt) -> Path:
         """Snapshot trainer, cursor, buffered and in-flight groups at a step boundary.
 
-        Whatever stops it (a refused save: ``NonFiniteWeightsError``) removes the partial
-        ``step_<k>/``, so only whole checkpoints are ever on disk under that name.
+        It is written to ``.step_<k>.partial/`` and renamed into place once whole, so a
+        crash or a refused save (``NonFiniteWeightsError``) never leaves a ``step_<k>/``
+        behind; the newest ``run.keep_checkpoints`` complete ones are kept.
         """
         out = self.ckpt_root / f"step_{next_step}"
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
+        tmp = self.ckpt_root / f".step_{next_step}.partial"  # renamed into place once whole
+        for d in (tmp, out):
+            if d.exists():
+                shutil.rmtree(d)
+        tmp.mkdir(parents=True)
         try:
-            self._write_checkpoint(out, next_step, rt)
+            self._write_checkpoint(tmp, next_step, rt)
+            os.replace(tmp, out)
         except BaseException:
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.checkpointed = next_step
-        for old in complete_checkpoints(self.ckpt_root)[:-2]:  # keep the newest two complete ones
+        for old in complete_checkpoints(self.ckpt_root)[:-self.cfg.run.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         return out
 

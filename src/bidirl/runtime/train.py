@@ -207,7 +207,8 @@ def check_reward_fn(reward_fn, row) -> None:
 
 
 RESUME_SAFE = ("run.steps", "run.checkpoint_every", "run.tensorboard", "run.plot", "scheduler.policy", "cluster.",
-               "rollout.max_num_seqs", "rollout.kv_cache_mb", "trainer.threads", "trainer.micro_batch_size",
+               "run.keep_checkpoints", "rollout.max_num_seqs", "rollout.kv_cache_mb", "trainer.threads",
+               "trainer.micro_batch_size",
                "trainer.on_nonfinite", "data.on_bad_reward")
 """Fields ``--resume DIR key=value`` may change (a name ending in ``.``: its whole section).
 

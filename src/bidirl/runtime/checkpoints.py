@@ -1,0 +1,151 @@
+"""Checkpoint files on disk: reading them back, checking them, choosing one to resume from.
+
+A checkpoint ``step_<k>/`` is usable when its ``state.json`` parses and names its own step,
+its trainer files are whole (the safetensors header matches the file's size,
+``optimizer.pt`` is a whole zip) and the ledger holds every group of every step before it
+exactly once.  ``metrics.jsonl`` and the ledger are JSON lines; a torn last line (what a
+crash mid-write leaves) is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import zipfile
+from pathlib import Path
+
+from bidirl.runtime.config import ConfigError
+
+
+class ResumeError(ConfigError):
+    """``--resume`` cannot continue this run directory (reported in one line, exit 2)."""
+
+
+# -- run-directory files: jsonl tolerant of a torn last line, checkpoint checks ---------------------
+def read_jsonl(path: Path) -> tuple[list[dict], int]:
+    """(records, torn): a JSON-lines file whose malformed *last* line (a crash mid-write) is
+    dropped and counted; a malformed line before the last one raises ``ValueError``."""
+    if not path.is_file():
+        return [], 0
+    lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    records = []
+    for i, ln in enumerate(lines, start=1):
+        try:
+            rec = json.loads(ln)
+            if not isinstance(rec, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if i == len(lines):
+                return records, 1
+            raise ValueError(f"{path}: line {i} is corrupt ({e})") from None
+        records.append(rec)
+    return records, 0
+
+
+def rewrite_jsonl(path: Path, records: list[dict]) -> None:
+    """Replace ``path`` with ``records``, atomically (a crash leaves the old or the new file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is not whole (header length, header, data size), or None."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n <= 0 or 8 + n > size:
+                return f"{path.name}: truncated header"
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, ValueError) as e:
+        return f"{path.name}: unreadable ({e})"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    if 8 + n + max(ends, default=0) != size:
+        return f"{path.name}: {size} bytes, its header describes {8 + n + max(ends, default=0)}"
+    return None
+
+
+def checkpoint_problem(ckpt: Path) -> tuple[str | None, dict | None]:
+    """(why a complete checkpoint cannot be resumed from, or None; its parsed state)."""
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"state.json: {'missing' if isinstance(e, OSError) else 'truncated or corrupt'}", None
+    step = int(ckpt.name.split("_")[1])
+    if not isinstance(state, dict) or state.get("next_step") != step or not {"cursor", "store"} <= set(state):
+        return f"state.json does not describe step {step}", None
+    trainer = ckpt / "trainer"
+    for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
+        if not (trainer / name).is_file():
+            return f"trainer/{name} missing", None
+    bad = safetensors_problem(trainer / "model.safetensors")
+    if bad:
+        return f"trainer/{bad}", None
+    if not zipfile.is_zipfile(trainer / "optimizer.pt"):
+        return "trainer/optimizer.pt: truncated or corrupt", None
+    try:
+        json.loads((trainer / "trainer_state.json").read_text())["version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "trainer/trainer_state.json: truncated or corrupt", None
+    return None, state
+
+
+def ledger_problem(records: list[dict], next_step: int, prompts_per_step: int) -> str | None:
+    """Why the ledger's records before ``next_step`` are not every group of those steps once."""
+    from collections import Counter
+
+    try:
+        counts = Counter(int(r["group"]) for r in records if int(r["step"]) < next_step)
+    except (KeyError, TypeError, ValueError):
+        return "trained_groups.jsonl: a record without group and step"
+    expected = next_step * prompts_per_step
+    missing = [g for g in range(expected) if counts[g] == 0]
+    twice = [g for g, c in counts.items() if c > 1 or g >= expected]
+    if missing or twice:
+        return (f"trained_groups.jsonl holds {sum(counts.values())} records of steps < {next_step}, "
+                f"expected groups 0..{expected - 1} once each ({len(missing)} missing, {len(twice)} extra)")
+    return None
+
+
+def complete_checkpoints(ckpt_root: Path) -> list[Path]:
+    """``step_<k>`` directories with a ``COMPLETE`` marker, oldest first."""
+    if not ckpt_root.is_dir():
+        return []
+    return sorted((p for p in ckpt_root.glob("step_*") if p.name[5:].isdigit() and (p / "COMPLETE").is_file()),
+                  key=lambda p: int(p.name.split("_")[1]))
+
+
+def select_checkpoint(ckpt_root: Path, ledger_path: Path, prompts_per_step: int,
+                      mark_damaged: bool = True) -> tuple[Path | None, dict | None]:
+    """(newest usable checkpoint, its state) as the module docstring describes, or
+    (None, None) when there is no complete checkpoint; ``ResumeError`` when none is usable."""
+    done = complete_checkpoints(ckpt_root)
+    if not done:
+        return None, None
+    try:
+        ledger, torn = read_jsonl(ledger_path)
+        ledger_error = None
+    except ValueError as e:
+        ledger, torn, ledger_error = [], 0, str(e)
+    if torn:
+        print(f"[bidirl] {ledger_path.name}: dropping a torn last line", file=sys.stderr)
+    unusable: list[tuple[Path, str]] = []
+    for ckpt in reversed(done):
+        why, state = checkpoint_problem(ckpt)
+        if why is None:
+            why = ledger_error or ledger_problem(ledger, state["next_step"], prompts_per_step)
+        if why is None:
+            for bad, reason in unusable if mark_damaged else ():
+                (bad / "DAMAGED").write_text(reason + "\n")
+                (bad / "COMPLETE").unlink(missing_ok=True)
+            if unusable:
+                print(f"[bidirl] falling back to {ckpt}, the newest usable checkpoint", file=sys.stderr)
+            return ckpt, state
+        unusable.append((ckpt, why))
+        print(f"[bidirl] checkpoint {ckpt} is unusable: {why}", file=sys.stderr)
+    reasons = [f"{c.name}: {why}" for c, why in unusable]
+    raise ResumeError(f"--resume: no usable checkpoint in {ckpt_root} ({'; '.join(reasons)}); "
+                      "start a new run, or repair the run directory")

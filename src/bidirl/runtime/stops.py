@@ -1,0 +1,85 @@
+"""Graceful stops: SIGINT / SIGTERM ask the run to stop at the next step boundary.
+
+The first signal lets the step in progress finish (the session checkpoints that boundary,
+then writes the summary, trace and timeline); a second abandons the step in progress; a
+third goes to the handler that was there before (Ray's, or ``KeyboardInterrupt``).  The
+handlers are installed after Ray starts, in the driver only, and put back afterwards.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+
+# -- graceful stops ---------------------------------------------------------------------------
+class StopSignals:
+    """SIGINT / SIGTERM while the loop runs: stop at the next step boundary; again: now.
+
+    The handler only records the signal (and prints one line): the loop checks
+    ``requested`` at each step boundary and ``abandon`` after each wait.  ``installed()``
+    sets the handlers for its block and puts the previous ones back after it; outside the
+    main thread (where Python allows no handler) it does nothing.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.count = 0
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def abandon(self) -> bool:
+        return self.count >= 2
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + int(self.signum or 0)
+
+    def handle(self, signum: int, frame=None) -> None:
+        self.count += 1
+        if self.signum is None:
+            self.signum = signum
+        name = signal.Signals(signum).name
+        if self.count == 1:
+            print(f"\n[bidirl] {name}: stopping at the next step boundary (checkpoint, summary, trace); "
+                  f"send it again to abandon the step in progress", file=sys.stderr, flush=True)
+        elif self.count == 2:
+            print(f"\n[bidirl] {name} again: abandoning the step in progress (no new checkpoint); "
+                  "a third signal ends bidirl at once", file=sys.stderr, flush=True)
+            self.restore()
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s in self.SIGNALS:
+            self._previous[s] = signal.getsignal(s)
+            signal.signal(s, self.handle)
+
+    def restore(self) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+
+def nonfinite_step_error(e: BaseException):
+    """The ``NonFiniteStepError`` that ``e`` is (or that Ray's ``RayTaskError`` wraps), or None."""
+    from bidirl.engines.trainer_config import NonFiniteStepError
+
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, NonFiniteStepError):
+        return cause
+    return e if isinstance(e, NonFiniteStepError) else None
+
+
+# -- run-directory files: jsonl tolerant of a torn last line, checkpoint checks ---------------------
