@@ -189,8 +189,8 @@ def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int
 def _solve(m: _Model, env: Envelope, s: int, option: str) -> _Steady:
     """Bisection on ``T = f(T)``; ``f`` does not increase with ``T``."""
     lo = 1e-6
-    hi = _evaluate(m, env, s, option, 1e-6).period  # f(lo) >= fixed point
-    hi = max(hi, _evaluate(m, env, s, "none", 1e9).period)
+    hi = max(_evaluate(m, env, s, option, lo).period,  # f(lo) >= fixed point
+             _evaluate(m, env, s, "none", 1e9).period)
     for _ in range(60):
         mid = 0.5 * (lo + hi)
         if _evaluate(m, env, s, option, mid).period > mid:
@@ -250,8 +250,8 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
         tokens_per_s=steady, steady_tokens_per_s=steady, pipeline_tokens_per_s=None,
         step_time_s=st.period, wall_s=wall, regime=regime, rollout_s=base.fluid,
         latency_s=st.latency, train_s=st.theta, running_per_replica=st.running,
-        weight_sync_s=m.weight_sync_s, no_borrow_step_s=base.period, borrowed=option)
-    closed = replace(closed, first_lend=first_lend if lends else None)
+        weight_sync_s=m.weight_sync_s, no_borrow_step_s=base.period, borrowed=option,
+        first_lend=first_lend if lends else None)
     return with_pipeline(ctx, env, closed, options, m) if pipeline else closed
 
 
@@ -262,15 +262,15 @@ def with_pipeline(ctx: PlanContext, env: Envelope, closed: Prediction,
     A screen's closed form that assumed a lend at the fill is redone when the policy,
     asked now, declines it.
     """
-    if closed.first_lend is None and {"roll_on_train", "both"} & set(options):
+    lend_roll = bool({"roll_on_train", "both"} & set(options))
+    if closed.first_lend is None and lend_roll:
         first = first_window_units(ctx, env)
         if first == 0 and closed.borrowed in ("roll_on_train", "both"):
             closed = predict(ctx, env, options, pipeline=False, first_lend=0)
         else:
             closed = replace(closed, first_lend=first)
-    timeline, pipe_wall = pipeline_timeline(
-        ctx, env, m, lend_roll=bool({"roll_on_train", "both"} & set(options)),
-        lend_aux=bool({"train_on_roll", "both"} & set(options)), first_lend=closed.first_lend)
+    timeline, pipe_wall = pipeline_timeline(ctx, env, m, lend_roll, bool({"train_on_roll", "both"} & set(options)),
+                                            closed.first_lend)
     tokens = ctx.steps * ctx.tokens_per_step
     pipe = tokens / pipe_wall
     combined = math.sqrt(closed.steady_tokens_per_s * pipe)
