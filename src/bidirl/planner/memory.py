@@ -87,8 +87,6 @@ def rollout_concurrency(hw: HardwareProfile, m: ModelProfile, tp: int,
                         context_tokens: float) -> int:
     """Sequences of ``context_tokens`` a replica holds at once (0: weights do not fit)."""
     free = tp * (usable_bytes(hw) - hw.memory_bytes * ROLLOUT_RESERVE_FRACTION) - m.weights_bytes
-    if free <= 0:
-        return 0
     return max(0, min(MAX_NUM_SEQS, int(free // (m.kv_bytes_per_token * context_tokens))))
 
 

@@ -116,13 +116,8 @@ class _Steady:
 def _lent_replicas(m: _Model, env: Envelope, s: int, period: float, theta: float) -> float:
     """Replica-equivalents the training pool adds while the trainer waits (Rollouter-on-TrainPool).
 
-    The policy lends only units it can feed: ``ceil(queued x n / cap)`` at the start of the
-    idle window, where ``queued`` counts admissible groups (batches up to ``version + s``)
-    that found no slot on the primaries.  At most ``s + 1`` batches are admissible, so
-    ``queued <= (s + 1) G - N g`` (``g`` group slots per replica): when the primaries'
-    slots hold every admissible batch, nothing queues and nothing is lent.  The lent
-    replicas run for the idle window ``T - theta - C_in - C_out`` and take at most the
-    queued share ``q`` of the in-flight groups, so they add at most ``N q / (1 - q)``.
+    ``N_b (T - theta - C_in - C_out) / T``, at most the queued share: ``N q / (1 - q)``
+    (the module doc's first borrowing bullet).
     """
     lent = _feedable(m, env, s)
     if not lent:

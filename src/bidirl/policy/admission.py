@@ -46,8 +46,7 @@ class AdmissionDecision:
         return self.benefit_s - self.cost_s
 
 
-def decide(direction: str, t: float, units: int, benefit_s: float, cost_s: float,
-           ) -> AdmissionDecision:
+def decide(direction: str, t: float, units: int, benefit_s: float, cost_s: float) -> AdmissionDecision:
     """The rule itself: admit iff something would be lent and benefit exceeds cost."""
     return AdmissionDecision(direction, t, units, benefit_s, cost_s,
                              units > 0 and benefit_s > cost_s)

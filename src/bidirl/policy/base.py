@@ -115,8 +115,7 @@ def micro_means(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[float, floa
     return s.est.train.micro.predict(feats), s.est.aux.micro.predict(feats)
 
 
-def build_step(s: ClusterState, mbs: Sequence[MicroBatch], aux: Sequence[AuxExecutor],
-               ) -> StartTrainStep:
+def build_step(s: ClusterState, mbs: Sequence[MicroBatch], aux: Sequence[AuxExecutor]) -> StartTrainStep:
     """The training step for batch ``s.next_step``, its micro-batches split by ``plan_chunks``.
 
     The primary keeps the first micro-batches, the auxiliaries take the rest in unit

@@ -63,8 +63,7 @@ class AuxLending:
                 and not s.queue.batch_ready(s.next_step) and s.units.trainer_home()
                 and all(s.units.status[u] in AWAY for u in range(s.spec.n_replicas)))
 
-    def for_step(self, s: ClusterState, mbs: Sequence[MicroBatch],
-                 ) -> Iterator[Action]:
+    def for_step(self, s: ClusterState, mbs: Sequence[MicroBatch]) -> Iterator[Action]:
         """Lend auxiliaries for the step about to start; returns the executors to use."""
         est = s.est
         c_in = est.switch.estimate("train_on_roll.c_in")

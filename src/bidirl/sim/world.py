@@ -68,13 +68,8 @@ def build(sc: Scenario) -> tuple[ClusterSpec, Truth, ResponseLengths]:
 def _truth(sc: Scenario, hw, m) -> Truth:
     p, c = sc.pools, sc.costs
     sw = switch_priors(hw, m, p.rollout_tp, p.rollout_tp)
-    overrides = {
-        "roll_on_train.c_in": c.roll_on_train_c_in_s,
-        "roll_on_train.c_out": c.roll_on_train_c_out_s,
-        "train_on_roll.c_in": c.train_on_roll_c_in_s,
-        "train_on_roll.c_out": c.train_on_roll_c_out_s,
-        "train_on_roll.c_grad": c.train_on_roll_c_grad_s,
-    }
+    # switch kind "roll_on_train.c_in" is overridden by costs.roll_on_train_c_in_s, and so on
+    overrides = {k: getattr(c, k.replace(".", "_") + "_s") for k in sw}
     sw.update({k: v for k, v in overrides.items() if v is not None})
     sync = c.weight_sync_s if c.weight_sync_s is not None else weight_sync_s(
         hw, m, sc.devices > hw.devices_per_node)
