@@ -261,9 +261,7 @@ class Pipeline:
         free, exp = self._with_borrowed(free, lent)
         keep, resumed = [], []
         for b in pending:
-            starts = plan.get((b.index, False)) if not b.resume else None
-            take = int(np.searchsorted(starts, until, side="left")) if starts is not None else (
-                b.left if b.resume else 0)
+            take = b.left if b.resume else int(np.searchsorted(plan[(b.index, False)], until, side="left"))
             if take:
                 st, free, exp, on_lent = self._assign(free, b.admit, take, b.tau, exp)
                 if b.resume:

@@ -13,12 +13,7 @@ from dataclasses import dataclass
 
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.perf.profiles import GIB, HARDWARE, MODELS, lookup
-from bidirl.perf.stage_models import (
-    RolloutStageModel,
-    TrainStageModel,
-    max_concurrency,
-    weight_sync_s,
-)
+from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, max_concurrency, weight_sync_s
 from bidirl.perf.switch_costs import switch_priors
 from bidirl.sim.scenario import Scenario, ScenarioError
 from bidirl.sim.workload import ResponseLengths
