@@ -56,9 +56,7 @@ class AsyncPolicy(Policy):
             yield from reclaim_away(s, s.spec.train_unit_ids())
             return
         mbs = batch_micro_batches(s)
-        aux = []
-        if self.aux is not None:
-            aux = yield from self.aux.for_step(s, mbs)
+        aux = (yield from self.aux.for_step(s, mbs)) if self.aux is not None else []
         step = build_step(s, mbs, aux)
         yield step
         used = {c.executor for c in step.chunks}

@@ -96,9 +96,7 @@ class AuxLending:
         c_out = est.switch.estimate("train_on_roll.c_out")
         ready0 = predict.ready_in(s, b1)
         best = None
-        k = 1
-        while True:
-            k = min(k, len(idle))
+        for k in sorted({min(1 << i, len(idle)) for i in range(len(idle).bit_length() + 1)}):  # 1, 2, 4, .., all
             free = [AuxExecutor(u, 0.0, 0.0) for u in idle[:k]]
             paid = [AuxExecutor(u, c_in, c_grad) for u in idle[:k]]
             plan = plan_chunks(n, p_s, dp, ready + paid, a_s)
@@ -110,9 +108,6 @@ class AuxLending:
                 d = admission.decide("train_on_roll", s.t, k, d.benefit_s, float("inf"))
             if best is None or d.net_s > best.net_s:
                 best = d
-            if k == len(idle):
-                break
-            k *= 2
         s.admissions.append(best)
         return idle[:best.units] if best.admit else []
 
