@@ -68,8 +68,7 @@ class MemoryNeed:
 
     def describe(self) -> str:
         parts = " + ".join(f"{k} {v / GIB:.2f}" for k, v in self.parts.items() if v > 0)
-        rel = "<=" if self.fits else ">"
-        return (f"{self.role} needs {self.total / GIB:.2f} GiB/device ({parts}) {rel} "
+        return (f"{self.role} needs {self.total / GIB:.2f} GiB/device ({parts}) {'<=' if self.fits else '>'} "
                 f"{self.budget / GIB:.2f} GiB usable")
 
 
@@ -104,8 +103,7 @@ def trainer_need(hw: HardwareProfile, m: ModelProfile, dp: int, tp: int, sharded
     parts = {"params": 2 * m.params / shard, "grads": GRAD_BYTES_PER_PARAM * m.params / shard,
              "optimizer": ADAM_BYTES_PER_PARAM * m.params / shard, "gathered": gathered,
              **activation_bytes(m, micro_tokens, tp)}
-    kind = "fsdp" if sharded else "ddp"
-    return MemoryNeed(f"trainer (dp={dp}, tp={tp}, {kind})", parts, usable_bytes(hw))
+    return MemoryNeed(f"trainer (dp={dp}, tp={tp}, {'fsdp' if sharded else 'ddp'})", parts, usable_bytes(hw))
 
 
 def aux_trainer_need(hw: HardwareProfile, m: ModelProfile, group: int, tp: int,

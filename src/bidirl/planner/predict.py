@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from functools import cache
 
 from bidirl.planner.cold_start import first_window_units
 from bidirl.planner.context import PlanContext
@@ -216,22 +217,17 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
         first_lend = first_window_units(ctx, env)
     m = _model(ctx, env)
     s = ctx.staleness
-    solved = {"none": _solve(m, env, s, "none")}
-    base = solved["none"]
+    solve = cache(lambda option: _solve(m, env, s, option))
+    base = solve("none")
     best = None
     for option in options:
-        if option not in solved:
-            solved[option] = _solve(m, env, s, option)
-        st, end = solved[option], None
+        st, end = solve(option), None
         if option in _WITHOUT_AUX and st.period <= (st.theta + m.weight_sync_s) * (1 + 1e-6):
             # Train-bound even with auxiliaries: every step starts at the weight sync that
             # admits a new batch, so no replica is idle (nothing admissible) when the policy
             # lends, only at the first step (the pipeline fill) and at the last s steps
             # (no batch left to admit); the steady state runs without them.
-            plain = _WITHOUT_AUX[option]
-            if plain not in solved:
-                solved[plain] = _solve(m, env, s, plain)
-            st, end = solved[plain], st
+            st, end = solve(_WITHOUT_AUX[option]), st
         wall = _wall(m, env, st, option, ctx.steps, s, end, first_lend != 0)
         if best is None or wall < best[0] * (1 - 1e-9):
             best = (wall, option, st)
