@@ -73,10 +73,10 @@ class MemoryNeed:
 
 
 def rollout_need(hw: HardwareProfile, m: ModelProfile, tp: int, concurrency: int,
-                 context_tokens: float, role: str | None = None) -> MemoryNeed:
+                 context_tokens: float) -> MemoryNeed:
     kv = m.kv_bytes_per_token * concurrency * context_tokens / tp
     return MemoryNeed(
-        role or f"rollout replica (tp={tp}, {concurrency} seqs x {context_tokens:.0f} tokens)",
+        f"rollout replica (tp={tp}, {concurrency} seqs x {context_tokens:.0f} tokens)",
         {"weights": m.weights_bytes / tp, "kv": kv,
          "reserve": hw.memory_bytes * ROLLOUT_RESERVE_FRACTION},
         usable_bytes(hw))
