@@ -26,7 +26,7 @@ def _make_scenario(devices: int = 16, hardware: str = "H100-80GB", model: str = 
 def _with_memory(ctx: PlanContext, memory_gib: float, **hw_changes) -> PlanContext:
     """The context on a copy of its hardware with ``memory_gib`` per device."""
     hw = dataclasses.replace(ctx.hw, memory_gib=memory_gib, **hw_changes)
-    return dataclasses.replace(ctx, hw=hw, _rollout={}, _train={}, _max={})
+    return dataclasses.replace(ctx, hw=hw, _memo={})
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ class _Env:
 
 def _hand_model(**changes) -> _Model:
     """One replica of 4 group slots, groups of 2, a fixed 10 ms decode step (beta = 0)."""
-    base = dict(a=0.01, beta=0.0, cap=8.0, group_slots=4, tokens=0.0, longest=100.0,
+    base = dict(a=0.01, beta=0.0, cap=8.0, group_slots=4, tokens=0.0,
                 longest_replica=100.0, staggered=lambda x: 100.0, responses=4, group_size=2,
                 first_running=8.0, prefill_step_s=0.0, prefill_group_s=0.5, micro_count=1.0,
                 micro_s=3.0, aux_micro_s=3.0, max_rank_s=3.0, overhead_s=1.0,

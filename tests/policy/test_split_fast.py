@@ -24,8 +24,7 @@ def makespan_by_enumeration(m: int, micro_s: float, offsets: Counter) -> float:
 def plan_by_scan(n_micro, primary_micro_s, dp, aux, aux_micro_s) -> ChunkPlan:
     """Every round count from the most to the fewest, as the first version did."""
     rounds_all = math.ceil(n_micro / dp)
-    best = ChunkPlan(n_micro, tuple(0 for _ in aux), rounds_all * primary_micro_s,
-                     rounds_all * primary_micro_s)
+    best = ChunkPlan(n_micro, tuple(0 for _ in aux), rounds_all * primary_micro_s)
     if not aux or n_micro == 0 or aux_micro_s <= 0:
         return best
     offsets = Counter(a.delay_s + a.tail_s for a in aux)
@@ -37,7 +36,7 @@ def plan_by_scan(n_micro, primary_micro_s, dp, aux, aux_micro_s) -> ChunkPlan:
         if span < best.makespan_s - 1e-9:
             caps = [max(0, math.floor((t_a - (a.delay_s + a.tail_s)) / aux_micro_s + 1e-9))
                     for a in aux]
-            best = ChunkPlan(n_p, tuple(split_by_capacity(n_micro - n_p, caps)), span, t_p)
+            best = ChunkPlan(n_p, tuple(split_by_capacity(n_micro - n_p, caps)), span)
         elif t_p < t_a:
             break
     return best

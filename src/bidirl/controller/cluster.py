@@ -70,3 +70,13 @@ class ClusterSpec:
 
     def train_unit_ids(self) -> range:
         return range(self.n_replicas, self.n_units)
+
+
+def device_layout(rollout_devices: int, train_devices: int, tp: int, per_node: int) -> dict:
+    """The topology fields of a ``ClusterSpec``: replicas of ``tp`` devices on ``0 .. R-1``,
+    the training pool on ``R .. R+T-1``, cut into lendable units of ``tp`` devices."""
+    r = rollout_devices
+    train = tuple(range(r, r + train_devices))
+    return dict(replica_devices=tuple(tuple(range(i * tp, (i + 1) * tp)) for i in range(r // tp)),
+                train_devices=train, train_units=tuple(train[i * tp:(i + 1) * tp] for i in range(len(train) // tp)),
+                rollout_tp=tp, train_spans_nodes=len({d // per_node for d in train}) > 1, devices_per_node=per_node)

@@ -84,10 +84,8 @@ class DeviceLedger:
         """Move ``device`` to the other pool's role.  Returns that role."""
         rec = self._get(device)
         if rec.role != NATIVE_ROLE[rec.pool]:
-            raise LedgerError(
-                f"device {device} ({rec.pool.value} pool) hosts {rec.role.value}; "
-                "only a device hosting its native role can be lent"
-            )
+            raise LedgerError(f"device {device} ({rec.pool.value} pool) hosts {rec.role.value}; "
+                              "only a device hosting its native role can be lent")
         rec.role = BORROWED_ROLE[rec.pool]
         self.transactions.append(Transaction("lend", device, rec.role, t, cost_s))
         return rec.role
@@ -100,11 +98,8 @@ class DeviceLedger:
         rec.role = NATIVE_ROLE[rec.pool]
 
     def counts(self) -> dict[str, int]:
-        lends = [x for x in self.transactions if x.kind == "lend"]
-        return {
-            "roll_on_train": sum(1 for x in lends if x.role == Role.ROLLOUT),
-            "train_on_roll": sum(1 for x in lends if x.role == Role.AUX_TRAIN),
-        }
+        lends = Counter(switch_kind(x.role) for x in self.transactions if x.kind == "lend")
+        return {kind: lends[kind] for kind in ("roll_on_train", "train_on_roll")}
 
     def switch_time_s(self) -> float:
         return sum(x.cost_s for x in self.transactions)

@@ -63,9 +63,7 @@ class PromptGroup:
 
     def move(self, to: GroupState, t: float) -> None:
         if to not in _ALLOWED[self.state]:
-            raise LifecycleError(
-                f"group {self.group_id}: cannot go from {self.state.value} to {to.value}"
-            )
+            raise LifecycleError(f"group {self.group_id}: cannot go from {self.state.value} to {to.value}")
         self.state = to
         self.history.append((t, to))
 

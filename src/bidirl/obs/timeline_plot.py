@@ -118,9 +118,7 @@ def _shown_devices(pools: dict[str, list[int]], max_devices: int) -> dict[str, l
     return {p: d[: shares[p]] for p, d in pools.items()}
 
 
-def _exact_spans(
-    row: Sequence[tuple[float, float, str]], px_s: float
-) -> dict[str, list[tuple[float, float]]]:
+def _exact_spans(row: Sequence[tuple[float, float, str]], px_s: float) -> dict[str, list[tuple[float, float]]]:
     """Category -> [(start, width)] for a sparse row: touching spans merged (a run of
     train steps is one bar), each at least a pixel wide so short switches stay visible."""
     spans: dict[str, list[list[float]]] = defaultdict(list)
@@ -133,9 +131,8 @@ def _exact_spans(
     return {c: [(s, max(e - s, px_s)) for s, e in v] for c, v in spans.items()}
 
 
-def _dominant_spans(
-    row: Sequence[tuple[float, float, str]], wall_s: float, pixels: int
-) -> dict[str, list[tuple[float, float]]]:
+def _dominant_spans(row: Sequence[tuple[float, float, str]], wall_s: float,
+                    pixels: int) -> dict[str, list[tuple[float, float]]]:
     """Category -> [(start, width)] for a dense row: each pixel column shows the category
     the device spent most of that column in.
 
@@ -162,9 +159,8 @@ def _dominant_spans(
     return dict(out)
 
 
-def _row_spans(
-    tagged: Sequence[tuple[Interval, str]], rows: dict[int, int], wall_s: float
-) -> dict[tuple[int, str], list[tuple[float, float]]]:
+def _row_spans(tagged: Sequence[tuple[Interval, str]], rows: dict[int, int],
+               wall_s: float) -> dict[tuple[int, str], list[tuple[float, float]]]:
     """(row, category) -> [(start, width)], ready for one ``broken_barh`` call each."""
     per_row: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
     for iv, cat in tagged:
@@ -194,19 +190,14 @@ def _covered(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
     return out
 
 
-def utilisation(
-    intervals: Sequence[Interval],
-    pool_devices: Sequence[int],
-    wall_s: float,
-    bins: int = _STRIP_BINS,
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def utilisation(intervals: Sequence[Interval], pool_devices: Sequence[int], wall_s: float,
+                bins: int = _STRIP_BINS) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Bin edges and, per category, the fraction of the pool's devices in it per bin."""
     return _utilisation([(iv, category_of(iv)) for iv in intervals], pool_devices, wall_s, bins)
 
 
-def _utilisation(
-    tagged: Sequence[tuple[Interval, str]], pool_devices: Sequence[int], wall_s: float, bins: int
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def _utilisation(tagged: Sequence[tuple[Interval, str]], pool_devices: Sequence[int], wall_s: float,
+                 bins: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     edges = np.linspace(0.0, wall_s, bins + 1)
     members = set(pool_devices)
     per_cat: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
@@ -251,9 +242,7 @@ def _draw_rows(ax, tagged: Sequence[tuple[Interval, str]], shown: dict[str, list
                        hatch=style.hatch, linewidth=0.6 if style.edgecolor else 0)
     owner = {d: p for p, devices in shown.items() for d in devices}
     ax.set_yticks(range(len(order)))
-    ax.set_yticklabels(
-        [f"dev {d} [{owner[d]}]" for d in order], fontsize=max(4, min(8, 400 // max(len(order), 1)))
-    )
+    ax.set_yticklabels([f"dev {d} [{owner[d]}]" for d in order], fontsize=max(4, min(8, 400 // max(len(order), 1))))
     ax.set_ylim(len(order) - 0.5, -0.5)
     boundary = 0
     for pool, devices in shown.items():
@@ -268,12 +257,8 @@ def _draw_rows(ax, tagged: Sequence[tuple[Interval, str]], shown: dict[str, list
     ax.set_xlabel("time (s)")
 
 
-def plot_timeline(
-    intervals: Iterable[Interval],
-    path: str | os.PathLike[str],
-    title: str = "",
-    max_devices: int = 64,
-) -> str:
+def plot_timeline(intervals: Iterable[Interval], path: str | os.PathLike[str], title: str = "",
+                  max_devices: int = 64) -> str:
     """Draw the device timeline of ``intervals`` as a PNG at ``path``; return the path.
 
     Shows at most ``max_devices`` device rows (the first devices of each pool, in
@@ -291,8 +276,7 @@ def plot_timeline(
 
     fig = Figure(figsize=(12, 1.2 + 0.8 * len(pools) + rows_in), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    heading = title or "device timeline"
-    fig.suptitle(f"{heading}  ({n_dev} devices, {wall_s:.1f} s)", fontsize=10)
+    fig.suptitle(f"{title or 'device timeline'}  ({n_dev} devices, {wall_s:.1f} s)", fontsize=10)
     if not tagged:
         fig.text(0.5, 0.5, "no intervals recorded", ha="center", va="center")
     else:
@@ -302,11 +286,8 @@ def plot_timeline(
             _draw_strip(fig.add_subplot(grid[i], sharex=main), pool, tagged, devices, wall_s)
         _draw_rows(main, tagged, shown, pools, wall_s)
         present = {cat for _, cat in tagged}
-        handles = [
-            Patch(facecolor=s.color, hatch=s.hatch, edgecolor=s.edgecolor or s.color, label=s.label)
-            for c, s in STYLES.items()
-            if c in present
-        ]
+        handles = [Patch(facecolor=s.color, hatch=s.hatch, edgecolor=s.edgecolor or s.color, label=s.label)
+                   for c, s in STYLES.items() if c in present]
         fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -123,9 +123,8 @@ class LinearTimeModel:
         ata = [row[:] for row in self._ata]
         atb = self._atb[:]
         for i in range(n):
-            prior_u = self.prior[i] / scale[i]
             ata[i][i] += self.ridge
-            atb[i] += self.ridge * prior_u
+            atb[i] += self.ridge * (self.prior[i] / scale[i])
         try:
             u = _solve(ata, atb)
         except ZeroDivisionError:

@@ -17,7 +17,7 @@ the controller will call at ``t = 0``.
 
 from __future__ import annotations
 
-from bidirl.controller.cluster import ClusterSpec
+from bidirl.controller.cluster import ClusterSpec, device_layout
 from bidirl.controller.state import ClusterState
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope
@@ -26,21 +26,14 @@ from bidirl.policy.roll_borrow import RollLending
 
 def start_spec(ctx: PlanContext, env: Envelope) -> ClusterSpec:
     """The controller's view of ``env`` (what ``sim.world.build`` and the runtime give it)."""
-    tp, r = env.rollout_tp, env.rollout_devices
-    replicas = tuple(tuple(range(i * tp, (i + 1) * tp)) for i in range(r // tp))
-    train = tuple(range(r, r + env.train_devices))
-    units = tuple(train[i * tp:(i + 1) * tp] for i in range(len(train) // tp))
-    per_node = ctx.hw.devices_per_node
     return ClusterSpec(
         hardware=ctx.hw.name, model=ctx.model.name, devices=ctx.devices,
-        replica_devices=replicas, train_devices=train, train_units=units, rollout_tp=tp,
+        **device_layout(env.rollout_devices, env.train_devices, env.rollout_tp, ctx.hw.devices_per_node),
         train_dp=env.train_dp, train_tp=env.train_tp,
-        train_spans_nodes=len({d // per_node for d in train}) > 1,
         replica_cap=max(1, env.rollout_concurrency), groups_per_step=ctx.prompts_per_step,
         group_size=ctx.group_size, prompt_tokens=round(ctx.lengths.prompt_tokens),
         staleness=ctx.staleness, steps=ctx.steps, micro_batch_tokens=round(ctx.micro_tokens),
-        max_response_tokens=round(ctx.lengths.max_tokens), devices_per_node=per_node,
-        prior_scale=ctx.prior_scale)
+        max_response_tokens=round(ctx.lengths.max_tokens), prior_scale=ctx.prior_scale)
 
 
 def first_window_units(ctx: PlanContext, env: Envelope) -> int:

@@ -29,10 +29,7 @@ class PlanContext:
     micro_tokens: float
     costs: object = None  # the scenario's Costs overrides (None fields keep priors)
     prior_scale: float = 1.0  # how far the scheduler's priors start off (cold_start)
-    _rollout: dict[int, RolloutStageModel] = field(default_factory=dict, repr=False)
-    _train: dict[int, TrainStageModel] = field(default_factory=dict, repr=False)
-    _max: dict[int, float] = field(default_factory=dict, repr=False)
-    _staggered: dict[int, object] = field(default_factory=dict, repr=False)
+    _memo: dict[tuple[str, int], object] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_scenario(cls, scenario, steps: int | None = None) -> PlanContext:
@@ -78,27 +75,24 @@ class PlanContext:
         """
         return self.lengths.sample_tokens
 
+    def _cached(self, key: tuple[str, int], make):
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
     def rollout_model(self, tp: int) -> RolloutStageModel:
-        if tp not in self._rollout:
-            self._rollout[tp] = RolloutStageModel(self.hw, self.model, tp)
-        return self._rollout[tp]
+        return self._cached(("rollout", tp), lambda: RolloutStageModel(self.hw, self.model, tp))
 
     def train_model(self, tp: int) -> TrainStageModel:
-        if tp not in self._train:
-            self._train[tp] = TrainStageModel(self.hw, self.model, tp)
-        return self._train[tp]
+        return self._cached(("train", tp), lambda: TrainStageModel(self.hw, self.model, tp))
 
     def expected_max(self, n: int) -> float:
         """``lengths.expected_max`` memoised: envelopes share a few replica counts."""
-        if n not in self._max:
-            self._max[n] = self.lengths.expected_max(n)
-        return self._max[n]
+        return self._cached(("max", n), lambda: self.lengths.expected_max(n))
 
     def staggered_max(self, n: int):
         """``lengths.staggered_max`` memoised (one table per batch size)."""
-        if n not in self._staggered:
-            self._staggered[n] = self.lengths.staggered_max(n)
-        return self._staggered[n]
+        return self._cached(("staggered", n), lambda: self.lengths.staggered_max(n))
 
     def cost(self, name: str, prior: float) -> float:
         """A scenario cost override (``costs.<name>``) or the prior."""

@@ -68,16 +68,15 @@ class MemoryNeed:
 
     def describe(self) -> str:
         parts = " + ".join(f"{k} {v / GIB:.2f}" for k, v in self.parts.items() if v > 0)
-        rel = "<=" if self.fits else ">"
-        return (f"{self.role} needs {self.total / GIB:.2f} GiB/device ({parts}) {rel} "
+        return (f"{self.role} needs {self.total / GIB:.2f} GiB/device ({parts}) {'<=' if self.fits else '>'} "
                 f"{self.budget / GIB:.2f} GiB usable")
 
 
 def rollout_need(hw: HardwareProfile, m: ModelProfile, tp: int, concurrency: int,
-                 context_tokens: float, role: str | None = None) -> MemoryNeed:
+                 context_tokens: float) -> MemoryNeed:
     kv = m.kv_bytes_per_token * concurrency * context_tokens / tp
     return MemoryNeed(
-        role or f"rollout replica (tp={tp}, {concurrency} seqs x {context_tokens:.0f} tokens)",
+        f"rollout replica (tp={tp}, {concurrency} seqs x {context_tokens:.0f} tokens)",
         {"weights": m.weights_bytes / tp, "kv": kv,
          "reserve": hw.memory_bytes * ROLLOUT_RESERVE_FRACTION},
         usable_bytes(hw))
@@ -87,8 +86,6 @@ def rollout_concurrency(hw: HardwareProfile, m: ModelProfile, tp: int,
                         context_tokens: float) -> int:
     """Sequences of ``context_tokens`` a replica holds at once (0: weights do not fit)."""
     free = tp * (usable_bytes(hw) - hw.memory_bytes * ROLLOUT_RESERVE_FRACTION) - m.weights_bytes
-    if free <= 0:
-        return 0
     return max(0, min(MAX_NUM_SEQS, int(free // (m.kv_bytes_per_token * context_tokens))))
 
 
@@ -106,8 +103,7 @@ def trainer_need(hw: HardwareProfile, m: ModelProfile, dp: int, tp: int, sharded
     parts = {"params": 2 * m.params / shard, "grads": GRAD_BYTES_PER_PARAM * m.params / shard,
              "optimizer": ADAM_BYTES_PER_PARAM * m.params / shard, "gathered": gathered,
              **activation_bytes(m, micro_tokens, tp)}
-    kind = "fsdp" if sharded else "ddp"
-    return MemoryNeed(f"trainer (dp={dp}, tp={tp}, {kind})", parts, usable_bytes(hw))
+    return MemoryNeed(f"trainer (dp={dp}, tp={tp}, {'fsdp' if sharded else 'ddp'})", parts, usable_bytes(hw))
 
 
 def aux_trainer_need(hw: HardwareProfile, m: ModelProfile, group: int, tp: int,

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bidirl.policy.admission import last_start
+
 
 @dataclass(frozen=True)
 class Timeline:
@@ -178,11 +180,8 @@ class Pipeline:
         """When the trainer could start the last step whose batch is admitted now:
         ``start(k) = ready(k) + C_out``, ``start(i+1) = max(start(i) + theta + W, ready(i+1))``."""
         m = self.m
-        period = m.max_rank_s + m.overhead_s + m.weight_sync_s
-        j = self._ready_of(k, pending, plan, done) + c_out
-        for i in range(k + 1, min(k + self.s, steps - 1) + 1):
-            j = max(j + period, self._ready_of(i, pending, plan, done))
-        return j
+        ready = [self._ready_of(i, pending, plan, done) for i in range(k, min(k + self.s, steps - 1) + 1)]
+        return last_start(ready, m.max_rank_s + m.overhead_s + m.weight_sync_s, c_out)
 
     # -- the recurrence -----------------------------------------------------------------
     def run(self, steps: int, lend_roll: bool, lend_aux: bool) -> Timeline:
@@ -261,9 +260,7 @@ class Pipeline:
         free, exp = self._with_borrowed(free, lent)
         keep, resumed = [], []
         for b in pending:
-            starts = plan.get((b.index, False)) if not b.resume else None
-            take = int(np.searchsorted(starts, until, side="left")) if starts is not None else (
-                b.left if b.resume else 0)
+            take = b.left if b.resume else int(np.searchsorted(plan[(b.index, False)], until, side="left"))
             if take:
                 st, free, exp, on_lent = self._assign(free, b.admit, take, b.tau, exp)
                 if b.resume:

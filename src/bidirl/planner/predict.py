@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from functools import cache
 
 from bidirl.planner.cold_start import first_window_units
 from bidirl.planner.context import PlanContext
@@ -116,13 +117,8 @@ class _Steady:
 def _lent_replicas(m: _Model, env: Envelope, s: int, period: float, theta: float) -> float:
     """Replica-equivalents the training pool adds while the trainer waits (Rollouter-on-TrainPool).
 
-    The policy lends only units it can feed: ``ceil(queued x n / cap)`` at the start of the
-    idle window, where ``queued`` counts admissible groups (batches up to ``version + s``)
-    that found no slot on the primaries.  At most ``s + 1`` batches are admissible, so
-    ``queued <= (s + 1) G - N g`` (``g`` group slots per replica): when the primaries'
-    slots hold every admissible batch, nothing queues and nothing is lent.  The lent
-    replicas run for the idle window ``T - theta - C_in - C_out`` and take at most the
-    queued share ``q`` of the in-flight groups, so they add at most ``N q / (1 - q)``.
+    ``N_b (T - theta - C_in - C_out) / T``, at most the queued share: ``N q / (1 - q)``
+    (the module doc's first borrowing bullet).
     """
     lent = _feedable(m, env, s)
     if not lent:
@@ -189,8 +185,8 @@ def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int
 def _solve(m: _Model, env: Envelope, s: int, option: str) -> _Steady:
     """Bisection on ``T = f(T)``; ``f`` does not increase with ``T``."""
     lo = 1e-6
-    hi = _evaluate(m, env, s, option, 1e-6).period  # f(lo) >= fixed point
-    hi = max(hi, _evaluate(m, env, s, "none", 1e9).period)
+    hi = max(_evaluate(m, env, s, option, lo).period,  # f(lo) >= fixed point
+             _evaluate(m, env, s, "none", 1e9).period)
     for _ in range(60):
         mid = 0.5 * (lo + hi)
         if _evaluate(m, env, s, option, mid).period > mid:
@@ -221,22 +217,17 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
         first_lend = first_window_units(ctx, env)
     m = _model(ctx, env)
     s = ctx.staleness
-    solved = {"none": _solve(m, env, s, "none")}
-    base = solved["none"]
+    solve = cache(lambda option: _solve(m, env, s, option))
+    base = solve("none")
     best = None
     for option in options:
-        if option not in solved:
-            solved[option] = _solve(m, env, s, option)
-        st, end = solved[option], None
+        st, end = solve(option), None
         if option in _WITHOUT_AUX and st.period <= (st.theta + m.weight_sync_s) * (1 + 1e-6):
             # Train-bound even with auxiliaries: every step starts at the weight sync that
             # admits a new batch, so no replica is idle (nothing admissible) when the policy
             # lends, only at the first step (the pipeline fill) and at the last s steps
             # (no batch left to admit); the steady state runs without them.
-            plain = _WITHOUT_AUX[option]
-            if plain not in solved:
-                solved[plain] = _solve(m, env, s, plain)
-            st, end = solved[plain], st
+            st, end = solve(_WITHOUT_AUX[option]), st
         wall = _wall(m, env, st, option, ctx.steps, s, end, first_lend != 0)
         if best is None or wall < best[0] * (1 - 1e-9):
             best = (wall, option, st)
@@ -250,8 +241,8 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
         tokens_per_s=steady, steady_tokens_per_s=steady, pipeline_tokens_per_s=None,
         step_time_s=st.period, wall_s=wall, regime=regime, rollout_s=base.fluid,
         latency_s=st.latency, train_s=st.theta, running_per_replica=st.running,
-        weight_sync_s=m.weight_sync_s, no_borrow_step_s=base.period, borrowed=option)
-    closed = replace(closed, first_lend=first_lend if lends else None)
+        weight_sync_s=m.weight_sync_s, no_borrow_step_s=base.period, borrowed=option,
+        first_lend=first_lend if lends else None)
     return with_pipeline(ctx, env, closed, options, m) if pipeline else closed
 
 
@@ -262,15 +253,15 @@ def with_pipeline(ctx: PlanContext, env: Envelope, closed: Prediction,
     A screen's closed form that assumed a lend at the fill is redone when the policy,
     asked now, declines it.
     """
-    if closed.first_lend is None and {"roll_on_train", "both"} & set(options):
+    lend_roll = bool({"roll_on_train", "both"} & set(options))
+    if closed.first_lend is None and lend_roll:
         first = first_window_units(ctx, env)
         if first == 0 and closed.borrowed in ("roll_on_train", "both"):
             closed = predict(ctx, env, options, pipeline=False, first_lend=0)
         else:
             closed = replace(closed, first_lend=first)
-    timeline, pipe_wall = pipeline_timeline(
-        ctx, env, m, lend_roll=bool({"roll_on_train", "both"} & set(options)),
-        lend_aux=bool({"train_on_roll", "both"} & set(options)), first_lend=closed.first_lend)
+    timeline, pipe_wall = pipeline_timeline(ctx, env, m, lend_roll, bool({"train_on_roll", "both"} & set(options)),
+                                            closed.first_lend)
     tokens = ctx.steps * ctx.tokens_per_step
     pipe = tokens / pipe_wall
     combined = math.sqrt(closed.steady_tokens_per_s * pipe)

@@ -28,7 +28,6 @@ class _Model:
     cap: float  # running sequences of a replica whose group slots are all taken
     group_slots: int  # prompt groups a replica holds at once
     tokens: float  # B E[L]: decoded tokens per step
-    longest: float  # E[max of B lengths]
     longest_replica: float  # E[max of B / N_r lengths]
     staggered: object  # x -> E[max_i (L_i - U_i x)] over the B responses of a batch
     responses: int  # B
@@ -85,7 +84,6 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
         cap=group_slots * ctx.group_size * L.mean / ctx.expected_max(ctx.group_size),
         group_slots=group_slots,
         tokens=ctx.responses_per_step * L.mean,
-        longest=ctx.expected_max(ctx.responses_per_step),
         longest_replica=ctx.expected_max(per_replica),
         staggered=ctx.staggered_max(ctx.responses_per_step), responses=ctx.responses_per_step,
         group_size=ctx.group_size,

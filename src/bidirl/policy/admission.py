@@ -26,6 +26,7 @@ Trainer-on-RollPool (a step starts while k replicas are idle)::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -46,8 +47,7 @@ class AdmissionDecision:
         return self.benefit_s - self.cost_s
 
 
-def decide(direction: str, t: float, units: int, benefit_s: float, cost_s: float,
-           ) -> AdmissionDecision:
+def decide(direction: str, t: float, units: int, benefit_s: float, cost_s: float) -> AdmissionDecision:
     """The rule itself: admit iff something would be lent and benefit exceeds cost."""
     return AdmissionDecision(direction, t, units, benefit_s, cost_s,
                              units > 0 and benefit_s > cost_s)
@@ -68,16 +68,18 @@ def roll_on_train(t: float, units: int, step_s: float, ready0: tuple[float, ...]
     """
     if units <= 0:
         return decide("roll_on_train", t, 0, 0.0, 0.0)
+    j0 = last_start(ready0, step_s, 0.0)
+    j_free = min(j0, last_start(ready_free, step_s, 0.0))
+    return decide("roll_on_train", t, units, j0 - j_free, last_start(ready_k, step_s, c_out_s) - j_free)
 
-    def last_start(ready: tuple[float, ...], c_out: float) -> float:
-        j = ready[0] + c_out
-        for r in ready[1:]:
-            j = max(j + step_s, r)
-        return j
 
-    j0 = last_start(ready0, 0.0)
-    j_free = min(j0, last_start(ready_free, 0.0))
-    return decide("roll_on_train", t, units, j0 - j_free, last_start(ready_k, c_out_s) - j_free)
+def last_start(ready: Sequence[float], step_s: float, c_out: float) -> float:
+    """When the trainer starts the last of the steps whose batches are ready at ``ready``:
+    the first at ``ready[0] + c_out``, each later one at ``max(previous + step_s, ready)``."""
+    j = ready[0] + c_out
+    for r in ready[1:]:
+        j = max(j + step_s, r)
+    return j
 
 
 def train_on_roll(t: float, units: int, step0_s: float, step_free_s: float,

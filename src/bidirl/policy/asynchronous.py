@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 from bidirl.controller.actions import Action, Reclaim, SyncWeights
 from bidirl.controller.events import Event
-from bidirl.controller.state import ClusterState, Phase, UnitStatus
+from bidirl.controller.state import ClusterState, Phase
 from bidirl.policy.assign import fill_replicas
-from bidirl.policy.base import Policy, batch_micro_batches, build_step, register
+from bidirl.policy.base import Policy, batch_micro_batches, build_step, reclaim_away, register
 
 
 @register("async")
@@ -53,14 +53,10 @@ class AsyncPolicy(Policy):
         if not s.queue.batch_ready(s.next_step):
             return
         if not s.units.trainer_home():
-            for u in s.spec.train_unit_ids():
-                if s.units.status[u] in (UnitStatus.LENDING, UnitStatus.LENT):
-                    yield Reclaim(u)
+            yield from reclaim_away(s, s.spec.train_unit_ids())
             return
         mbs = batch_micro_batches(s)
-        aux = []
-        if self.aux is not None:
-            aux = yield from self.aux.for_step(s, mbs)
+        aux = (yield from self.aux.for_step(s, mbs)) if self.aux is not None else []
         step = build_step(s, mbs, aux)
         yield step
         used = {c.executor for c in step.chunks}

@@ -7,11 +7,11 @@ so a policy always reads the state as it will be after its earlier actions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
-from bidirl.controller.actions import PRIMARY, Action, Chunk, MicroBatch, StartTrainStep
+from bidirl.controller.actions import PRIMARY, Action, Chunk, MicroBatch, Reclaim, StartTrainStep
 from bidirl.controller.events import Event
-from bidirl.controller.state import ClusterState
+from bidirl.controller.state import ClusterState, UnitStatus
 from bidirl.policy.batching import pack_micro_batches
 from bidirl.policy.split import AuxExecutor, plan_chunks
 
@@ -82,8 +82,14 @@ def _load_all() -> None:
         importlib.import_module(f"bidirl.policy.{m}")
 
 
-def mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
+AWAY = (UnitStatus.LENDING, UnitStatus.LENT)  # a unit lent, or on its way to its borrowed role
+
+
+def reclaim_away(s: ClusterState, units: Iterable[int]) -> Iterator[Reclaim]:
+    """Reclaim each of ``units`` that is away from its own role, in the given order."""
+    for u in units:
+        if s.units.status[u] in AWAY:
+            yield Reclaim(u)
 
 
 def batch_micro_batches(s: ClusterState) -> list[MicroBatch]:
@@ -109,8 +115,7 @@ def micro_means(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[float, floa
     return s.est.train.micro.predict(feats), s.est.aux.micro.predict(feats)
 
 
-def build_step(s: ClusterState, mbs: Sequence[MicroBatch], aux: Sequence[AuxExecutor],
-               ) -> StartTrainStep:
+def build_step(s: ClusterState, mbs: Sequence[MicroBatch], aux: Sequence[AuxExecutor]) -> StartTrainStep:
     """The training step for batch ``s.next_step``, its micro-batches split by ``plan_chunks``.
 
     The primary keeps the first micro-batches, the auxiliaries take the rest in unit

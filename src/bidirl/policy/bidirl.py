@@ -19,7 +19,8 @@ from bidirl.policy.train_borrow import AuxLending
 class BiDiRLPolicy(AsyncPolicy):
     lends_train_devices = True
     lends_rollout_devices = True
+    guided = True  # False: lend every idle device, no admission model (the ablation)
 
     def __init__(self) -> None:
-        self.roll = RollLending(guided=True)
-        self.aux = AuxLending(guided=True)
+        self.roll = RollLending(guided=self.guided)
+        self.aux = AuxLending(guided=self.guided)

@@ -64,7 +64,6 @@ class ChunkPlan:
     primary: int  # micro-batches the primary keeps (the first ones, in order)
     aux: tuple[int, ...]  # micro-batches per auxiliary executor, in the given order
     makespan_s: float  # predicted time until the last gradient is at the primary
-    primary_s: float
 
 
 def _aux_makespan(m: int, micro_s: float, offsets: Counter) -> float:
@@ -104,8 +103,7 @@ def plan_chunks(n_micro: int, primary_micro_s: float, dp: int, aux: Sequence[Aux
     if dp < 1:
         raise ValueError("dp must be >= 1")
     rounds_all = math.ceil(n_micro / dp)
-    best = ChunkPlan(n_micro, tuple(0 for _ in aux), rounds_all * primary_micro_s,
-                     rounds_all * primary_micro_s)
+    best = ChunkPlan(n_micro, tuple(0 for _ in aux), rounds_all * primary_micro_s)
     if not aux or n_micro == 0 or aux_micro_s <= 0:
         return best
     offsets = Counter(a.delay_s + a.tail_s for a in aux)
@@ -132,5 +130,5 @@ def plan_chunks(n_micro: int, primary_micro_s: float, dp: int, aux: Sequence[Aux
         if span < best.makespan_s - 1e-9:
             caps = [max(0, math.floor((t_a - (a.delay_s + a.tail_s)) / aux_micro_s + 1e-9))
                     for a in aux]
-            best = ChunkPlan(n_p, tuple(split_by_capacity(n_micro - n_p, caps)), span, t_p)
+            best = ChunkPlan(n_p, tuple(split_by_capacity(n_micro - n_p, caps)), span)
     return best

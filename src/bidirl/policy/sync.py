@@ -15,15 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from bidirl.controller.actions import Action, Lend, Reclaim, SyncWeights
+from bidirl.controller.actions import Action, Lend, SyncWeights
 from bidirl.controller.events import Event, TrainStepFinished
 from bidirl.controller.state import ClusterState, Phase, UnitStatus
 from bidirl.core.ledger import Role
 from bidirl.policy.assign import fill_replicas
-from bidirl.policy.base import Policy, batch_micro_batches, build_step, register
+from bidirl.policy.base import AWAY, Policy, batch_micro_batches, build_step, reclaim_away, register
 from bidirl.policy.split import AuxExecutor
-
-_OUT = (UnitStatus.LENDING, UnitStatus.LENT)
 
 
 @register("sync")
@@ -35,10 +33,8 @@ class SyncPolicy(Policy):
         if s.phase is not Phase.IDLE or s.finished:
             return
         spec = s.spec
-        if isinstance(event, TrainStepFinished):
-            for u in range(spec.n_replicas):  # trainers go back to being replicas
-                if s.units.status[u] in _OUT:
-                    yield Reclaim(u)
+        if isinstance(event, TrainStepFinished):  # trainers go back to being replicas
+            yield from reclaim_away(s, range(spec.n_replicas))
         if s.pending_sync is not None:
             yield SyncWeights(s.pending_sync)
             return
@@ -52,9 +48,7 @@ class SyncPolicy(Policy):
 
     def _train_phase(self, s: ClusterState) -> Iterator[Action]:
         spec = s.spec
-        for u in spec.train_unit_ids():
-            if s.units.status[u] in _OUT:
-                yield Reclaim(u)
+        yield from reclaim_away(s, spec.train_unit_ids())
         switch = s.est.colocated_switch_s()
         for u in range(spec.n_replicas):
             if s.units.status[u] is UnitStatus.HOME and s.units.load[u] == 0:
@@ -62,5 +56,5 @@ class SyncPolicy(Policy):
         if not s.units.trainer_home():
             return
         aux = [AuxExecutor(u, switch if s.units.status[u] is UnitStatus.LENDING else 0.0, 0.0)
-               for u in range(spec.n_replicas) if s.units.status[u] in _OUT]
+               for u in range(spec.n_replicas) if s.units.status[u] in AWAY]
         yield build_step(s, batch_micro_batches(s), aux)

@@ -25,7 +25,7 @@ from bidirl.controller.state import ClusterState, Phase, UnitStatus
 from bidirl.core.ledger import Role
 from bidirl.policy import admission, predict
 from bidirl.policy.asynchronous import AsyncPolicy
-from bidirl.policy.base import micro_means, register
+from bidirl.policy.base import AWAY, micro_means, reclaim_away, register
 from bidirl.policy.split import AuxExecutor, plan_chunks
 
 
@@ -48,9 +48,7 @@ class AuxLending:
                     "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False))
                 yield Lend(r, Role.AUX_TRAIN)
         if self._stranded(s):
-            for u in range(s.spec.n_replicas):
-                if s.units.status[u] in (UnitStatus.LENDING, UnitStatus.LENT):
-                    yield Reclaim(u)
+            yield from reclaim_away(s, range(s.spec.n_replicas))
 
     @staticmethod
     def _stranded(s: ClusterState) -> bool:
@@ -63,18 +61,16 @@ class AuxLending:
         """
         return (s.phase is Phase.IDLE and s.pending_sync is None and not s.finished
                 and not s.queue.batch_ready(s.next_step) and s.units.trainer_home()
-                and all(s.units.status[u] in (UnitStatus.LENDING, UnitStatus.LENT)
-                        for u in range(s.spec.n_replicas)))
+                and all(s.units.status[u] in AWAY for u in range(s.spec.n_replicas)))
 
-    def for_step(self, s: ClusterState, mbs: Sequence[MicroBatch],
-                 ) -> Iterator[Action]:
+    def for_step(self, s: ClusterState, mbs: Sequence[MicroBatch]) -> Iterator[Action]:
         """Lend auxiliaries for the step about to start; returns the executors to use."""
         est = s.est
         c_in = est.switch.estimate("train_on_roll.c_in")
         c_grad = est.switch.estimate("train_on_roll.c_grad")
         ready = []
         for u in range(s.spec.n_replicas):  # once per step
-            if s.units.status[u] in (UnitStatus.LENDING, UnitStatus.LENT) and not s.units.colocated[u]:
+            if s.units.status[u] in AWAY and not s.units.colocated[u]:
                 delay = c_in if s.units.status[u] is UnitStatus.LENDING else 0.0
                 ready.append(AuxExecutor(u, delay, c_grad))
         new: list[int] = []
@@ -100,9 +96,7 @@ class AuxLending:
         c_out = est.switch.estimate("train_on_roll.c_out")
         ready0 = predict.ready_in(s, b1)
         best = None
-        k = 1
-        while True:
-            k = min(k, len(idle))
+        for k in sorted({min(1 << i, len(idle)) for i in range(len(idle).bit_length() + 1)}):  # 1, 2, 4, .., all
             free = [AuxExecutor(u, 0.0, 0.0) for u in idle[:k]]
             paid = [AuxExecutor(u, c_in, c_grad) for u in idle[:k]]
             plan = plan_chunks(n, p_s, dp, ready + paid, a_s)
@@ -114,9 +108,6 @@ class AuxLending:
                 d = admission.decide("train_on_roll", s.t, k, d.benefit_s, float("inf"))
             if best is None or d.net_s > best.net_s:
                 best = d
-            if k == len(idle):
-                break
-            k *= 2
         s.admissions.append(best)
         return idle[:best.units] if best.admit else []
 

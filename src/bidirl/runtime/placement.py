@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 
-from bidirl.controller.cluster import ClusterSpec
+from bidirl.controller.cluster import ClusterSpec, device_layout
 from bidirl.core.ledger import Role, switch_kind
 from bidirl.runtime.config import ConfigError, TrainConfig
 
@@ -28,10 +28,8 @@ def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float) -> ClusterSpe
         hardware="H100-80GB" if on_gpu else "cpu-core",
         model="tiny-qwen2",
         devices=r + t,
-        replica_devices=tuple((d,) for d in range(r)),
-        train_devices=tuple(range(r, r + t)),
-        train_units=tuple((d,) for d in range(r, r + t)),
-        rollout_tp=1, train_dp=t, train_tp=1, train_spans_nodes=False,
+        **device_layout(r, t, 1, r + t),  # one device a replica, a rank and a unit; one node
+        train_dp=t, train_tp=1,
         replica_cap=cfg.rollout.max_num_seqs,
         groups_per_step=cfg.rollout.prompts_per_step,
         group_size=cfg.rollout.group_size,
@@ -40,7 +38,6 @@ def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float) -> ClusterSpe
         steps=steps,
         micro_batch_tokens=cfg.trainer.micro_batch_size * (prompt_tokens + mean_len),
         max_response_tokens=cfg.rollout.max_new_tokens,
-        devices_per_node=r + t,
         prior_scale=1.0,
     )
 

@@ -22,9 +22,7 @@ class ResponseLengths:
                  seed: int) -> None:
         self.dist, self.g, self.n, self.seed = dist, groups_per_step, group_size, seed
         self._cache: dict[int, list[tuple[int, ...]]] = {}
-        self._file: np.ndarray | None = None
-        if dist.dist == "file":
-            self._file = _read_lengths(dist)
+        self._file: np.ndarray | None = _read_lengths(dist) if dist.dist == "file" else None
 
     def lengths(self, gid: int) -> tuple[int, ...]:
         b, i = divmod(gid, self.g)

@@ -11,14 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bidirl.controller.cluster import ClusterSpec
+from bidirl.controller.cluster import ClusterSpec, device_layout
 from bidirl.perf.profiles import GIB, HARDWARE, MODELS, lookup
-from bidirl.perf.stage_models import (
-    RolloutStageModel,
-    TrainStageModel,
-    max_concurrency,
-    weight_sync_s,
-)
+from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, max_concurrency, weight_sync_s
 from bidirl.perf.switch_costs import switch_priors
 from bidirl.sim.scenario import Scenario, ScenarioError
 from bidirl.sim.workload import ResponseLengths
@@ -45,22 +40,16 @@ def build(sc: Scenario) -> tuple[ClusterSpec, Truth, ResponseLengths]:
     if cap == 0:
         raise ScenarioError(f"pools.rollout_tp: {sc.model} does not fit on {p.rollout_tp} "
                             f"x {sc.hardware} with room for a KV cache; raise rollout_tp")
-    tp = p.rollout_tp
-    rollout = tuple(tuple(range(r * tp, (r + 1) * tp)) for r in range(p.rollout_devices // tp))
-    train = tuple(range(p.rollout_devices, sc.devices))
-    units = tuple(train[i * tp:(i + 1) * tp] for i in range(len(train) // tp))
-    per_node = hw.devices_per_node
     aux_bytes = m.params * (m.bytes_per_param + 4)  # weights + fp32 gradients
     spec = ClusterSpec(
-        hardware=sc.hardware, model=sc.model, devices=sc.devices, replica_devices=rollout,
-        train_devices=train, train_units=units, rollout_tp=tp, train_dp=p.train.dp,
-        train_tp=p.train.tp, train_spans_nodes=len({d // per_node for d in train}) > 1,
+        hardware=sc.hardware, model=sc.model, devices=sc.devices,
+        **device_layout(p.rollout_devices, p.train_devices, p.rollout_tp, hw.devices_per_node),
+        train_dp=p.train.dp, train_tp=p.train.tp,
         replica_cap=max(cap, 1), groups_per_step=w.prompts_per_step, group_size=w.group_size,
         prompt_tokens=w.prompt_tokens, staleness=sc.staleness, steps=sc.steps,
-        micro_batch_tokens=sc.sim.micro_batch_tokens,
-        max_response_tokens=w.response_length.max,
-        aux_trainers=aux_bytes <= 0.9 * hw.memory_gib * GIB * tp,
-        devices_per_node=per_node, prior_scale=sc.sim.prior_scale,
+        micro_batch_tokens=sc.sim.micro_batch_tokens, max_response_tokens=w.response_length.max,
+        aux_trainers=aux_bytes <= 0.9 * hw.memory_gib * GIB * p.rollout_tp,
+        prior_scale=sc.sim.prior_scale,
     )
     return spec, _truth(sc, hw, m), lengths
 
@@ -68,13 +57,8 @@ def build(sc: Scenario) -> tuple[ClusterSpec, Truth, ResponseLengths]:
 def _truth(sc: Scenario, hw, m) -> Truth:
     p, c = sc.pools, sc.costs
     sw = switch_priors(hw, m, p.rollout_tp, p.rollout_tp)
-    overrides = {
-        "roll_on_train.c_in": c.roll_on_train_c_in_s,
-        "roll_on_train.c_out": c.roll_on_train_c_out_s,
-        "train_on_roll.c_in": c.train_on_roll_c_in_s,
-        "train_on_roll.c_out": c.train_on_roll_c_out_s,
-        "train_on_roll.c_grad": c.train_on_roll_c_grad_s,
-    }
+    # switch kind "roll_on_train.c_in" is overridden by costs.roll_on_train_c_in_s, and so on
+    overrides = {k: getattr(c, k.replace(".", "_") + "_s") for k in sw}
     sw.update({k: v for k, v in overrides.items() if v is not None})
     sync = c.weight_sync_s if c.weight_sync_s is not None else weight_sync_s(
         hw, m, sc.devices > hw.devices_per_node)
