@@ -157,3 +157,10 @@ def test_cli_unwraps_a_worker_error_to_its_one_line_message(capsys, monkeypatch)
     assert cli.main(["train"]) == 2
     err = capsys.readouterr().err
     assert err == "bidirl train: error: step 4: non-finite loss nan, grad norm nan; stopped\n"
+
+
+def test_an_int_beyond_any_float_is_described_not_crashed_on():
+    from bidirl.runtime.group_store import describe_bad_reward, reward_value
+
+    assert reward_value(10**400) is None
+    assert "not a finite number" in describe_bad_reward(10**400)

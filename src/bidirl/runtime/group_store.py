@@ -70,7 +70,11 @@ def describe_bad_reward(raw: Any) -> str:
     if isinstance(raw, dict):
         kind = "a dict whose 'score' is not a finite number" if "score" in raw else "a dict without a 'score'"
     elif isinstance(raw, numbers.Real):
-        kind = "not a finite float32 number" if math.isfinite(float(raw)) else "not a finite number"
+        try:
+            finite = math.isfinite(float(raw))
+        except OverflowError:  # an int beyond any float, e.g. 10**400
+            finite = False
+        kind = "not a finite float32 number" if finite else "not a finite number"
     else:
         kind = f"a {type(raw).__name__}, not a number"
     return f"returned {_one_line(repr(raw), 80)} ({kind})"
