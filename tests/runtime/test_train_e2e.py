@@ -131,6 +131,7 @@ def test_data_parallel_trainer_on_two_devices(tmp_path, real_runtime_available):
     """Two train devices form a gloo data-parallel group; the run audits clean."""
     run = tmp_path / "run"
     out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=3", "cluster.train_devices=2",
+                  "cluster.oversubscribe=true",  # 3 device workers on this 2-core machine
                   "scheduler.policy=async", "cluster.prewarm=false", "run.plot=false")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
