@@ -2,12 +2,13 @@
 
 A local run must not listen on the machine's external interface and must never kill
 other users' Ray processes (so no ``ray stop``): we start a private instance with its own
-temp dir and shut down only that one.
+temp dir, shut down only that one, and remove its temp dir when it ends.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 
@@ -30,6 +31,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
     if ray.is_initialized():
         yield ray
         return
+    tmp = None
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
@@ -42,3 +44,5 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
         yield ray
     finally:
         ray.shutdown()
+        if tmp is not None:  # the private instance's sockets, logs and object spill go with it
+            shutil.rmtree(tmp, ignore_errors=True)
