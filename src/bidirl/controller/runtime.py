@@ -3,10 +3,10 @@
 A runtime owns the devices.  It executes actions asynchronously and reports what
 happened by calling ``Controller.on_event`` — never from inside ``execute`` (a runtime
 queues the events an action causes and delivers them after ``execute`` returns), so the
-controller is never re-entered.  The simulator (``bidirl.sim.runtime.SimRuntime``)
-implements this now; a Ray runtime (replicas are vLLM engines with continuous batching,
-the primary trainer runs a step over ordered chunks, devices are lent and reclaimed with
-measured costs) will implement the same two methods.
+controller is never re-entered.  Two runtimes implement it, around the shared frame
+(``bidirl.frame``: event pump, hosting state machine, device-time recorder): the simulator
+(``bidirl.sim.runtime.SimRuntime``) and the real runtime's executor
+(``bidirl.runtime.executor.DeviceExecutor``, over Ray actors or the tests' fakes).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from bidirl.controller.state import UnitStatus
+from bidirl.controller.units import UnitStatus
 from bidirl.core.ledger import Role, switch_kind
 
 HOME, LENDING, LENT, RECLAIMING = (UnitStatus.HOME, UnitStatus.LENDING, UnitStatus.LENT,

@@ -37,7 +37,7 @@ from bidirl.controller.events import (
     Started,
     WeightsSynced,
 )
-from bidirl.controller.state import UnitStatus
+from bidirl.controller.units import UnitStatus
 from bidirl.core.ledger import Role
 from bidirl.core.timeline import Activity
 from bidirl.frame.device_time import Recorder
