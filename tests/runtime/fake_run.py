@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from fake_devices import Costs, FakeBackend, KillFirstAuxTrainer
 
-from bidirl.controller.cluster import ClusterSpec
+from bidirl.controller.cluster import ClusterSpec, device_layout
 from bidirl.controller.loop import Controller
 from bidirl.policy import make_policy
 from bidirl.runtime.executor import DeviceExecutor, Job, Layout
@@ -30,13 +30,11 @@ def spec_for(rollout: int, train: int, *, steps: int, prompts: int, group_size: 
     """The spec ``runtime/placement.build_spec`` builds for this cluster (one device a unit)."""
     return ClusterSpec(
         hardware="cpu-core", model="tiny-qwen2", devices=rollout + train,
-        replica_devices=tuple((d,) for d in range(rollout)),
-        train_devices=tuple(range(rollout, rollout + train)),
-        train_units=tuple((d,) for d in range(rollout, rollout + train)),
-        rollout_tp=1, train_dp=train, train_tp=1, train_spans_nodes=False, replica_cap=cap,
+        **device_layout(rollout, train, 1, rollout + train),
+        train_dp=train, train_tp=1, replica_cap=cap,
         groups_per_step=prompts, group_size=group_size, prompt_tokens=prompt_tokens,
         staleness=staleness, steps=steps, micro_batch_tokens=2 * (prompt_tokens + max_new // 2),
-        max_response_tokens=max_new, devices_per_node=rollout + train, prior_scale=1.0)
+        max_response_tokens=max_new, prior_scale=1.0)
 
 
 def reward(data_source, solution_str, ground_truth, extra_info=None) -> float:
