@@ -120,11 +120,6 @@ class FakeRollout:
         self.live.clear()
         return out
 
-    def snapshot(self):
-        import copy
-
-        return [copy.deepcopy(res) for _, res in self.live.values()], 0.0
-
     def update_weights(self, weights, version: int):
         self.version = version
         return 0.0, self.costs.sync_s
@@ -212,12 +207,6 @@ class FakeTrainer:
         self.w, self.version = weights["w"].copy(), version
         return None, self.costs.weights_s
 
-    def get_version(self):
-        return self.version, 0.0
-
-    def save(self, path: str):
-        return path, 0.0
-
 
 # -- workers and the backend ----------------------------------------------------------------
 class FakeWorker:
@@ -271,7 +260,6 @@ class FakeBackend:
         self.free_at = dict.fromkeys(devices, 0.0)
         self.open: dict[int, list[FakeHandle]] = {d: [] for d in devices}
         self._dp: tuple[DPGroup, list] | None = None
-        self.calls: list[tuple[int, str, tuple]] = []  # (device, method, first args): what ran
 
     def dp_group(self, world: int):
         if self._dp is None:
@@ -286,7 +274,6 @@ class FakeBackend:
         args, kwargs = self._resolve(args, ready), self._resolve(kwargs, ready)
         start = max(ready)
         w = self.workers[device]
-        self.calls.append((device, method, args[:2] if method == "call" else args[:1]))
         if method == "kill":
             self.kill(device)
             return FakeHandle(device, start, None, lost=True)
