@@ -46,9 +46,6 @@ class Hosting:
             return self.status[u] is HOME
         return self.status[u] is LENT and self.role[u] is Role.ROLLOUT
 
-    def borrowed(self, u: int) -> bool:
-        return self.status[u] is not HOME
-
     def kind(self, u: int) -> str:
         return switch_kind(self.role[u], u in self.colocated)
 
