@@ -243,6 +243,14 @@ class FakeWorker:
         handed = r.abort_all() if role == "rollout" else None
         return (self.costs.c_out_s, handed), self.costs.c_out_s
 
+    def poll(self, timeout_s: float):
+        """One decode step per poll: on the virtual clock a poll's round trip is free, so this
+        is a replica generating on its own while a reclaim still waits <= one step."""
+        r = self.roles.get("rollout")
+        if r is None:
+            return {"finished": [], "measurements": [], "prefills": [], "running": 0}, 0.0
+        return r.run(0.0)
+
     def call(self, role: str, method: str, *args, **kwargs):
         r = self.roles.get(role)
         if r is None:

@@ -43,12 +43,17 @@ def _finish(role):
 
 
 def _step_until(role, n_tokens):
-    """Step (one decode step a call) until the one live response has ``n_tokens``."""
+    """Let the replica generate until the one live response has ``n_tokens``, then pause it.
+
+    The caller unpauses (``role.unpause()``) after its out-of-band call.
+    """
     while True:
-        out = role.run(0.0)
+        out = role.poll(0.002)
         assert not out["finished"], "the response finished before the interruption point"
         (progress,) = role.snapshot()
         if len(progress.token_ids) >= n_tokens:
+            role.pause()
+            (progress,) = role.snapshot()
             return progress
 
 
@@ -79,6 +84,7 @@ def test_greedy_matches_hf_and_abort_resume_is_exact(role, reference):
     role.submit([ResponseRequest(2, 0, PROMPT, 300, temperature=0.0)])
     progress = _step_until(role, 40)
     (partial,) = role.abort_all()  # a reclaim
+    role.unpause()
     assert role.running == 0 and not partial.finished and partial.finish_reason is None
     assert partial.token_ids == progress.token_ids, "a snapshot does not interrupt"
     assert 40 <= len(partial.token_ids) < 300
@@ -91,6 +97,23 @@ def test_greedy_matches_hf_and_abort_resume_is_exact(role, reference):
     assert resumed.token_ids == full.token_ids
     assert np.abs(np.array(resumed.logprobs) - np.array(full.logprobs)).max() < 1e-4
     assert len(resumed.versions) == 300
+
+
+def test_the_replica_generates_on_its_own_and_an_abort_stops_it(role):
+    """The replica generates on its own thread while the caller only polls; an abort stops it."""
+    role.submit([ResponseRequest(7, i, PROMPT, 300, temperature=1.0, seed=i) for i in range(8)])
+    steps: list[float] = []
+    finished: list = []
+    while sum(len(p.token_ids) for p in role.snapshot()) < 8 * 20:
+        out = role.poll(0.01)
+        steps += [s for _, _, s in out["measurements"]]
+        finished += out["finished"]
+    handed_back = role.abort_all()
+    steps += [s for _, _, s in role.poll(0.0)["measurements"]]
+    assert sorted(r.index for r in finished + handed_back) == list(range(8)) and role.running == 0
+    assert all(p.token_ids for p in handed_back)
+    assert len(steps) >= 20, "decode steps ran while the caller only polled"
+    assert role.poll(0.0)["running"] == 0 and not role.snapshot()
 
 
 def test_nothing_left_to_generate_is_refused(role):
@@ -109,6 +132,7 @@ def test_update_weights_in_flight_tags_versions_exactly(role, reference, tiny_mo
     role.submit([ResponseRequest(4, 0, PROMPT, 300, temperature=1.0, seed=3)])
     _step_until(role, 30)
     role.update_weights(new, version=1)
+    role.unpause()
     assert role.version == 1 and role.running == 1
     (result,) = _finish(role)
     assert result.finished

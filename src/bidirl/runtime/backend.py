@@ -6,7 +6,8 @@ complete.  ``RayBackend`` carries them to one Ray actor per device; the tests' i
 fake (``tests/runtime/fake_devices.py``) runs the same calls on fake roles against a
 deterministic virtual clock, so every policy's real-runtime logic is tested without Ray.
 
-Contract (both backends): calls to one device run in the order they were submitted; a
+Contract (both backends): calls to one device run in the order they were submitted
+(``poll`` excepted: it runs beside them, see ``worker.STREAM_METHODS``); a
 handle returned by ``submit`` may be passed as an argument to a later ``submit`` (on any
 device), where it stands for its result; ``get`` raises ``DeviceLost`` if the device died
 before the call completed.
@@ -59,9 +60,13 @@ class RayBackend:
         return time.perf_counter() - self.t0
 
     def submit(self, device: int, method: str, *args, returns: int = 1, **kwargs):
+        from bidirl.runtime.worker import STREAM_GROUP, STREAM_METHODS
+
         fn = getattr(self.workers[device], method)
         if returns > 1:
             fn = fn.options(num_returns=returns)
+        elif method in STREAM_METHODS:
+            fn = fn.options(concurrency_group=STREAM_GROUP)
         return fn.remote(*args, **kwargs)
 
     def wait(self, handles: list, timeout_s: float) -> set:

@@ -1,9 +1,10 @@
 """The executor's rollout side: groups onto replicas, engine runs, completions, hand-backs.
 
-A replica's engine is driven by ``run(budget)`` calls: one is in flight per replica while
-it has responses; each returns the responses that finished and the decode/prefill
-measurements, which become ``GroupsCompleted`` and ``StageMeasured`` events.  A borrowed
-replica runs one decode step per call, so a reclaim waits for at most one step.
+A replica generates on its own (``RolloutRole``'s thread); the driver keeps one ``poll``
+in flight per replica while it has responses outstanding.  A poll returns as soon as a
+response finished, with the decode/prefill measurements since the last one; they become
+``GroupsCompleted`` and ``StageMeasured`` events.  Requests, weights and reclaims reach the
+replica beside the poll, so a reclaim waits for at most the decode step in progress.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from bidirl.controller.actions import AssignGroups
 from bidirl.controller.events import GroupsCompleted, GroupsInterrupted, StageMeasured
 from bidirl.core.ledger import Role
 
-BORROWED_RUN_BUDGET_S = 0.0  # a lent replica runs one step per call: a reclaim waits <= 1 step
-HOME_RUN_BUDGET_S = 0.25
+POLL_TIMEOUT_S = 2.0  # a poll returns earlier when anything finished; this only bounds a quiet wait
 
 
 class RolloutDriver:
@@ -21,9 +21,8 @@ class RolloutDriver:
         self.ex = ex
         n = ex.spec.n_units
         self.version = {u: ex.job.version_offset for u in range(ex.spec.n_replicas)}  # weights each holds
-        self.running = [0] * n  # responses live on the unit's engine
-        self.run_handle: list = [None] * n  # the run call in flight
-        self.after_run = [0] * n  # responses submitted behind that run call
+        self.running = [0] * n  # responses submitted to the unit's engine and not yet back
+        self.run_handle: list = [None] * n  # the poll in flight
         self.groups: list[set[int]] = [set() for _ in range(n)]  # global ids of its groups
 
     def assign(self, a: AssignGroups) -> None:
@@ -42,28 +41,30 @@ class RolloutDriver:
         if reqs:
             ex.calls.issue(ex.unit_device(u), lambda _: None, None, "call", "rollout", "submit", reqs)
             self.running[u] += len(reqs)
-            if self.run_handle[u] is not None:  # queued behind the run call in flight
-                self.after_run[u] += len(reqs)
             self.ensure_run(u)
 
     def ensure_run(self, u: int) -> None:
         ex = self.ex
         if self.run_handle[u] is not None or not self.running[u] or not ex.hosting.serves_rollout(u):
             return
-        budget = HOME_RUN_BUDGET_S if u < ex.spec.n_replicas else BORROWED_RUN_BUDGET_S
-        self.after_run[u] = 0
         self.run_handle[u] = ex.calls.issue(ex.unit_device(u), lambda out: self._on_run(u, out),
-                                            ("rollout", "rollout"), "call", "rollout", "run", budget)
+                                            ("rollout", "rollout"), "poll", POLL_TIMEOUT_S)
 
     def _on_run(self, u: int, out: dict) -> None:
-        ex = self.ex
         self.run_handle[u] = None
-        # Requests submitted after this run call was issued were not counted by it.
-        self.running[u] = out["running"] + self.after_run[u]
-        self.after_run[u] = 0
-        done = [g for g in ex.job.store.absorb_finished(out["finished"]) if g in self.groups[u]]
+        self._absorb(u, out["finished"])
+        self._measured(u, out)
+        self.ensure_run(u)
+
+    def _absorb(self, u: int, finished: list) -> None:
+        ex = self.ex
+        self.running[u] = max(0, self.running[u] - len(finished))
+        done = [g for g in ex.job.store.absorb_finished(finished) if g in self.groups[u]]
         if done:
             ex.deliver(self._completed(u, done))
+
+    def _measured(self, u: int, out: dict) -> None:
+        ex = self.ex
         for tokens, secs in out.get("prefills", []):
             ex.deliver(StageMeasured("prefill", (1.0, float(tokens)), secs))
         m = out["measurements"]
@@ -72,7 +73,6 @@ class RolloutDriver:
             ex.deliver(StageMeasured(
                 "decode", (float(len(m)), float(sum(b for b, _, _ in m)), float(sum(c for _, c, _ in m))),
                 sum(s for _, _, s in m)))
-        self.ensure_run(u)
 
     def _completed(self, u: int, gids: list[int]) -> GroupsCompleted:
         store = self.ex.job.store
@@ -91,8 +91,9 @@ class RolloutDriver:
             self.version[u] = ex.version
 
     def reclaimed(self, u: int, partials: list) -> None:
-        """A borrowed replica was released: its partial prefixes go back to the queue."""
-        self.ex.job.store.absorb_partials(partials)
+        """A borrowed replica was released: what finished is kept, partial prefixes go back."""
+        self._absorb(u, [p for p in partials if p.finished])
+        self.ex.job.store.absorb_partials([p for p in partials if not p.finished])
         self._hand_back(u)
 
     def lost(self, u: int) -> None:
@@ -101,7 +102,7 @@ class RolloutDriver:
 
     def _hand_back(self, u: int) -> None:
         ex, store = self.ex, self.ex.job.store
-        self.running[u], self.run_handle[u], self.after_run[u] = 0, None, 0
+        self.running[u], self.run_handle[u] = 0, None
         gids = sorted(g for g in self.groups[u] if not store.groups[g].complete)
         self.groups[u].clear()
         if gids:

@@ -1,11 +1,15 @@
-"""A rollout replica as a role a device worker hosts: vLLM driven step by step.
+"""A rollout replica as a role a device worker hosts: vLLM generating on its own thread.
 
-Why step by step: the controller must be able to take a device back at any moment
-(reclaim), push new weights while responses are in flight (partial rollout), and learn
-the decode-step time as a function of running batch and context.  vLLM's in-process
-``LLMEngine`` gives exactly that: ``add_request``, ``step()`` (one continuous-batching
-iteration), ``abort_request``.  ``run(budget_s)`` steps until the budget is used or a
-group finishes, so the worker actor stays responsive between calls without threads.
+The replica generates continuously: a thread of the worker steps vLLM's in-process
+``LLMEngine`` (``step()`` is one continuous-batching iteration) while requests are live,
+and finished responses collect in an outbox that the driver drains with ``poll``, a call
+that blocks until something finished.  No driver round trip sits between two decode
+steps.  Everything else the driver sends (new requests, new weights, a reclaim's
+``abort_all``, a checkpoint's ``snapshot``) arrives out of band, on another thread of the
+actor, and takes the engine between two steps: the stepping thread yields after each
+step to a waiting control call, so a reclaim takes effect within one decode step.
+Each decode step is timed with the features of the decode-step model (running batch,
+context tokens); a step that also prefills is reported as a prefill measurement.
 
 Every generated token is tagged with the policy version the engine held when the token
 was produced; a resumed response keeps its prefix's tokens, log-probs and versions, so
@@ -16,7 +20,9 @@ one rollout engine; ``tests/runtime/test_rollout_role.py`` checks it against the
 from __future__ import annotations
 
 import gc
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from bidirl.runtime.vllm_env import apply_vllm_env
@@ -85,60 +91,94 @@ class RolloutRole:
         self._base: dict[str, int] = {}  # response tokens before the engine request started
         self._restarts = 0
         self._prefill_tokens = 0  # prompt tokens submitted since the last step
+        # The outbox poll drains, and what guards it and the engine (see the module doc).
+        self._finished: list[ResponseResult] = []
+        self._measurements: list[tuple[int, int, float]] = []
+        self._prefills: list[tuple[int, float]] = []
+        self._cv = threading.Condition()
+        self._gate = threading.Lock()
+        self._waiting = 0  # control calls waiting for the engine: the stepper yields to them
+        self._interrupt = False  # a control call arrived: a poll in flight returns now
+        self._paused = False
+        self._stepping = False  # the engine is in step(), outside the lock
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._generate, name="rollout-generate", daemon=True)
+        self._thread.start()
 
     # -- requests ---------------------------------------------------------------------
     def submit(self, requests: list[ResponseRequest]) -> None:
         for r in requests:
             if r.max_new_tokens - len(r.prefix_ids) <= 0:
                 raise ValueError(f"{r.request_id}: nothing left to generate")
-            self._add(r.request_id, r, self._empty_result(r))
+        with self._control(interrupt=False):
+            for r in requests:
+                self._add(r.request_id, r, self._empty_result(r))
 
     @property
     def running(self) -> int:
         return len(self._live)
 
-    def run(self, budget_s: float, stop_on_finish: bool = True) -> dict:
-        """Step the engine for up to ``budget_s`` (at least one step while requests are live).
+    def poll(self, timeout_s: float) -> dict:
+        """Drain the outbox; wait up to ``timeout_s`` for a response to finish first.
 
-        ``budget_s=0`` runs exactly one continuous-batching step: borrowed replicas run that
-        way, so a reclaim waits for at most one decode step.  ``measurements`` holds
-        ``(batch, context_tokens, seconds)`` per decode step, the
-        features of the decode-step model.
+        Returns at once when something finished, when nothing is live, or when a control
+        call arrived (so the driver's calls queued behind this one are not held up).
+        ``measurements`` holds ``(batch, context_tokens, seconds)`` per decode step since
+        the last poll, ``prefills`` ``(prompt_tokens, seconds)`` per step that prefilled.
         """
-        finished: list[ResponseResult] = []
-        measurements: list[tuple[int, int, float]] = []
-        prefills: list[tuple[int, float]] = []
+        deadline = time.perf_counter() + timeout_s
+        with self._cv:
+            while not (self._finished or self._interrupt or self._error or not self._live or self._paused):
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            self._interrupt = False
+            if self._error is not None:
+                raise RuntimeError(f"the rollout engine failed: {self._error!r}") from self._error
+            out = {"finished": self._finished, "measurements": self._measurements,
+                   "prefills": self._prefills, "running": len(self._live)}
+            self._finished, self._measurements, self._prefills = [], [], []
+            return out
+
+    def run(self, budget_s: float, stop_on_finish: bool = True) -> dict:
+        """Polls for up to ``budget_s`` (until something finished, with ``stop_on_finish``)."""
+        out = {"finished": [], "measurements": [], "prefills": [], "running": 0}
         t_end = time.perf_counter() + budget_s
-        while self._live:
-            batch, ctx = len(self._live), sum(self._context.values())
-            prefill, self._prefill_tokens = self._prefill_tokens, 0
-            t0 = time.perf_counter()
-            outputs = self._engine.step()
-            took = time.perf_counter() - t0
-            # A step that also prefills new prompts is not a decode step: it would bias the
-            # decode model, so it is reported as a prefill measurement instead.
-            (prefills.append((prefill, took)) if prefill else measurements.append((batch, ctx, took)))
-            for out in outputs:
-                res = self._absorb(out)
-                if res is not None:
-                    finished.append(res)
-            if (finished and stop_on_finish) or time.perf_counter() >= t_end:
-                break
-        return {"finished": finished, "measurements": measurements, "prefills": prefills,
-                "running": self.running}
+        while True:
+            got = self.poll(max(0.0, t_end - time.perf_counter()))
+            for k in ("finished", "measurements", "prefills"):
+                out[k] += got[k]
+            out["running"] = got["running"]
+            if not got["running"] or (out["finished"] and stop_on_finish) or time.perf_counter() >= t_end:
+                return out
+
+    def pause(self) -> None:
+        """Stop stepping after the step in progress (tests, and a consistent snapshot)."""
+        with self._control():
+            self._paused = True
+
+    def unpause(self) -> None:
+        with self._control():
+            self._paused = False
 
     def abort_all(self) -> list[ResponseResult]:
         """Abort every live request; return their partial prefixes (possibly empty)."""
-        ids = list(self._live)
-        if ids:
-            self._engine.abort_request(ids)
-        return [self._forget(i)[1] for i in ids]
+        with self._control():
+            ids = list(self._live)
+            if ids:
+                self._engine.abort_request(ids)
+            # Finished responses not yet polled are handed back with the partials.
+            out, self._finished = self._finished + [self._forget(i)[1] for i in ids], []
+            return out
 
     def snapshot(self) -> list[ResponseResult]:
         """Copies of every live response's progress, without interrupting it (checkpoints)."""
         import copy
 
-        return [copy.deepcopy(self._partial[i]) for i in self._live]
+        with self._control(interrupt=False):
+            return [copy.deepcopy(self._partial[i]) for i in self._live]
 
     def update_weights(self, named_arrays: dict, version: int) -> float:
         """Load new weights in place; requests in flight continue with them.
@@ -153,11 +193,12 @@ class RolloutRole:
         t0 = time.perf_counter()
         tensors = ((k, torch.from_numpy(v.copy() if not v.flags.writeable else v))
                    for k, v in named_arrays.items())
-        self._llm.collective_rpc("reload_weights",
-                                 kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
-        self._llm.reset_prefix_cache()
-        self.version = version
-        self._restart_live()
+        with self._control():
+            self._llm.collective_rpc("reload_weights",
+                                     kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
+            self._llm.reset_prefix_cache()
+            self.version = version
+            self._restart_live()
         return time.perf_counter() - t0
 
     set_weights = update_weights  # the name every role's weight refresh has (worker.host)
@@ -166,12 +207,14 @@ class RolloutRole:
         """Give memory back while parked: KV cache on CUDA (vLLM sleep level 1)."""
         self.abort_all()
         if self._on_cuda():
-            self._llm.sleep(level=1)
+            with self._control():
+                self._llm.sleep(level=1)
 
     def wake(self) -> None:
-        if self._on_cuda():
-            self._llm.wake_up()
-        self._llm.reset_prefix_cache()
+        with self._control():
+            if self._on_cuda():
+                self._llm.wake_up()
+            self._llm.reset_prefix_cache()
 
     @staticmethod
     def _on_cuda() -> bool:
@@ -182,9 +225,74 @@ class RolloutRole:
     def release(self) -> None:
         """Drop the engine and its memory (the role's C_out)."""
         self.abort_all()
+        with self._control():
+            self._closed = True
+        self._thread.join()
         del self._engine
         del self._llm
         gc.collect()
+
+    # -- the generating thread ---------------------------------------------------------
+    @contextmanager
+    def _control(self, interrupt: bool = True):
+        """Hold the engine between two steps; ``interrupt`` wakes a poll in flight.
+
+        ``_waiting`` keeps the stepper from starting another step while a control call
+        waits for the one in progress, so a control call waits for at most one step.
+        """
+        with self._gate:
+            self._waiting += 1
+        self._cv.acquire()
+        try:
+            while self._stepping:
+                self._cv.wait()
+        finally:
+            with self._gate:
+                self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._interrupt = self._interrupt or interrupt
+            self._cv.notify_all()
+            self._cv.release()
+
+    def _generate(self) -> None:
+        """Step the engine while requests are live; control calls go between steps.
+
+        The engine step runs outside the condition's lock (``_stepping`` marks it), so a
+        poll can drain the outbox while the next step runs.
+        """
+        while True:
+            with self._cv:
+                while not self._closed and (self._waiting or self._paused or not self._live
+                                            or self._error is not None):
+                    self._cv.wait(0.05 if self._waiting else None)
+                if self._closed:
+                    return
+                self._stepping = True
+                batch, ctx = len(self._live), sum(self._context.values())
+                prefill, self._prefill_tokens = self._prefill_tokens, 0
+            outputs, took, error = None, 0.0, None
+            try:
+                t0 = time.perf_counter()
+                outputs = self._engine.step()
+                took = time.perf_counter() - t0
+            except Exception as e:  # surfaced by the next poll
+                error = e
+            with self._cv:
+                self._stepping = False
+                if error is not None:
+                    self._error = error
+                else:
+                    # A step that also prefills new prompts is not a decode step: it would
+                    # bias the decode model, so it is reported as a prefill measurement.
+                    (self._prefills.append((prefill, took)) if prefill
+                     else self._measurements.append((batch, ctx, took)))
+                    for out in outputs:
+                        res = self._absorb(out)
+                        if res is not None:
+                            self._finished.append(res)
+                self._cv.notify_all()
 
     # -- internals --------------------------------------------------------------------
     def _add(self, rid: str, r: ResponseRequest, res: ResponseResult) -> None:

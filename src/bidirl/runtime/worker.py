@@ -101,6 +101,18 @@ class DeviceWorker:
         """Die now (fault-injection tests): Ray reports the actor as dead to the driver."""
         os._exit(1)
 
+    def poll(self, timeout_s: float) -> dict:
+        """Drain the rollout replica's finished responses (``RolloutRole.poll``).
+
+        Runs on its own thread (the ``stream`` concurrency group), so that while it waits
+        the driver's other calls (new requests, weights, a reclaim) still reach the device.
+        Nothing hosted (a reclaim got here first): nothing to report.
+        """
+        r = self.roles.get("rollout")
+        if r is None:
+            return {"finished": [], "measurements": [], "prefills": [], "running": 0}
+        return r.poll(timeout_s)
+
     def call(self, role: str, method: str, *args, **kwargs):
         """Run ``method`` of a hosted role (the driver's one entry point into roles)."""
         r = self.roles.get(role)
@@ -109,10 +121,19 @@ class DeviceWorker:
         return getattr(r, method)(*args, **kwargs)
 
 
+STREAM_GROUP = "stream"
+STREAM_METHODS = frozenset({"poll"})  # the worker methods that run in STREAM_GROUP
+
+
 def worker_class(num_cpus: float = 1, num_gpus: float = 0):
-    """The Ray actor class; one per device, one CPU core (or one GPU) each."""
+    """The Ray actor class; one per device, one CPU core (or one GPU) each.
+
+    Calls run one at a time, in order (``max_concurrency=1``), except ``poll``, which has
+    its own thread (``STREAM_GROUP``) so that it can wait without holding the others up.
+    """
     import ray
 
     env = {"env_vars": vllm_env(threads=1)}
     return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=env,
-                      max_concurrency=1)(DeviceWorker)
+                      max_concurrency=1, concurrency_groups={STREAM_GROUP: 1})(DeviceWorker)
+
