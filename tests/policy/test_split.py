@@ -46,3 +46,12 @@ def test_startup_drain_keeps_work_on_primary():
     assert plan.aux[0] == 2
     too_late = plan_chunks(8, 1.0, 1, [AuxExecutor(0, 10.0, 0.0)], 1.0)
     assert too_late.primary == 8 and too_late.aux == (0,)
+
+
+def test_a_cap_limits_the_aux_share_and_the_primary_takes_the_rest():
+    free = [AuxExecutor(0, 0.0, 0.0)]
+    assert plan_chunks(10, 1.0, 1, free, 1.0).aux == (5,)  # capacity alone: half
+    capped = plan_chunks(10, 1.0, 1, [AuxExecutor(0, 0.0, 0.0, cap=2)], 1.0)
+    assert capped.aux == (2,) and capped.primary == 8 and capped.makespan_s == pytest.approx(8.0)
+    loose = plan_chunks(10, 1.0, 1, [AuxExecutor(0, 0.0, 0.0, cap=9)], 1.0)
+    assert loose == plan_chunks(10, 1.0, 1, free, 1.0)  # a cap above the share changes nothing

@@ -47,6 +47,17 @@ class GroupsInterrupted:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkComputed:
+    """Auxiliary trainer ``unit`` computed its chunk of ``step``; its gradient is on the way.
+
+    The unit has nothing left to do for the step: it may go home before the merge.
+    """
+
+    unit: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
 class TrainStepFinished:
     """The primary trainer merged every chunk of ``step`` and stepped: ``version`` exists."""
 

@@ -35,8 +35,10 @@ def ready_in(s: ClusterState, b: int, add: int = 0, add_delay_s: float = 0.0,
     active = max(s.units.home_replicas() + s.units.away[Pool.TRAIN], 1)  # + borrowed replicas
     queued = s.queued_groups(b) * n
     tail = est.tail_s()
+    if remove and remove >= active:  # nothing rolls out until the first one is back
+        return remove_s + ready_in(s, b, add, max(0.0, add_delay_s - remove_s))
     if remove:
-        kept = max(active - remove, 1)
+        kept = active - remove
         later = s.queued_groups(min(spec.steps - 1, s.version + spec.staleness)) * n
         per_now = min(cap, (s.units.total_load + later) / active)
         per_then = min(cap, (s.units.total_load + later) / kept)

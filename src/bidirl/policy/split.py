@@ -57,6 +57,7 @@ class AuxExecutor:
     unit: int
     delay_s: float
     tail_s: float
+    cap: int | None = None  # at most this many micro-batches (None: as capacity allows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,4 +132,16 @@ def plan_chunks(n_micro: int, primary_micro_s: float, dp: int, aux: Sequence[Aux
             caps = [max(0, math.floor((t_a - (a.delay_s + a.tail_s)) / aux_micro_s + 1e-9))
                     for a in aux]
             best = ChunkPlan(n_p, tuple(split_by_capacity(n_micro - n_p, caps)), span)
-    return best
+    return _within_caps(best, n_micro, primary_micro_s, dp, aux, aux_micro_s)
+
+
+def _within_caps(plan: ChunkPlan, n_micro: int, primary_micro_s: float, dp: int,
+                 aux: Sequence[AuxExecutor], aux_micro_s: float) -> ChunkPlan:
+    """``plan`` with each auxiliary's share cut to its ``cap``; the primary takes the rest."""
+    shares = tuple(n if a.cap is None else min(n, a.cap) for a, n in zip(aux, plan.aux))
+    if shares == plan.aux:
+        return plan
+    n_p = n_micro - sum(shares)
+    span = max([math.ceil(n_p / dp) * primary_micro_s]
+               + [a.delay_s + a.tail_s + n * aux_micro_s for a, n in zip(aux, shares) if n])
+    return ChunkPlan(n_p, shares, span)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from bidirl.controller.actions import Action, Lend, MicroBatch, Reclaim
-from bidirl.controller.events import Event, GroupsCompleted, TrainStepFinished
+from bidirl.controller.events import ChunkComputed, Event, GroupsCompleted, TrainStepFinished
 from bidirl.controller.state import ClusterState, Phase, UnitStatus
 from bidirl.core.ledger import Role
 from bidirl.policy import admission, predict
@@ -36,7 +36,10 @@ class AuxLending:
         self.guided = guided
 
     def actions(self, s: ClusterState, event: Event) -> Iterator[Action]:
-        if isinstance(event, TrainStepFinished):
+        if isinstance(event, ChunkComputed):  # nothing left for it this step: home to roll out
+            if s.units.status[event.unit] is UnitStatus.LENT and event.unit in s.step_chunks:
+                yield Reclaim(event.unit)
+        elif isinstance(event, TrainStepFinished):
             for u in sorted(s.step_chunks):  # their chunk is merged: send them home
                 if s.units.status[u] is UnitStatus.LENT:
                     yield Reclaim(u)
@@ -73,20 +76,30 @@ class AuxLending:
             if s.units.status[u] in AWAY and not s.units.colocated[u]:
                 delay = c_in if s.units.status[u] is UnitStatus.LENDING else 0.0
                 ready.append(AuxExecutor(u, delay, c_grad))
-        new: list[int] = []
+        new: list[AuxExecutor] = []
         if self.guided and s.spec.aux_trainers and s.units.idle_replicas and mbs:
-            # Idle with nothing admissible: a replica that is empty only because this very
-            # event (e.g. the weight sync that lets the next batch start) has not filled it
-            # yet is not idle, and lending it would stall the rollout it is about to do.
-            idle = [u for u in sorted(s.units.idle_replicas) if s.next_group(u, s.spec.steps - 1) is None]
-            if idle:
-                new = self._choose(s, mbs, ready, idle, c_in, c_grad)
-        for u in new:
-            yield Lend(u, Role.AUX_TRAIN)
-        return ready + [AuxExecutor(u, c_in, c_grad) for u in new]
+            # Every replica with nothing running is a candidate, including one that this very
+            # event (the weight sync that lets the next batch start) is about to fill: lending
+            # it delays that rollout, and the admission prices exactly that delay
+            # (``ready_in(remove=k)``).  When training is the bottleneck, the rollout of the
+            # next batch fits after the auxiliary's chunk, and that is where the step's
+            # bubble on the rollout pool goes.
+            new = self._choose(s, mbs, ready, sorted(s.units.idle_replicas), c_in, c_grad)
+        for a in new:
+            yield Lend(a.unit, Role.AUX_TRAIN)
+        return ready + new
 
     def _choose(self, s: ClusterState, mbs: Sequence[MicroBatch], ready: list[AuxExecutor],
-                idle: list[int], c_in: float, c_grad: float) -> list[int]:
+                idle: list[int], c_in: float, c_grad: float) -> list[AuxExecutor]:
+        """The auxiliaries to lend (with their micro-batch caps), or none.
+
+        For k = 1, 2, 4, .. idle replicas, the cap on each one's share trades the step's
+        length against the next batch's readiness: a lent replica goes home as soon as
+        its chunk is in (``ChunkComputed``) and rolls out again, so a smaller share makes
+        the step longer but the next batch earlier.  Where the two cross is found by
+        bisection (one grows with the cap, the other shrinks); the capacity-only split
+        (no cap) is judged too.
+        """
         spec, est = s.spec, s.est
         p_s, a_s = micro_means(s, mbs)
         n, dp = len(mbs), spec.train_dp
@@ -95,21 +108,43 @@ class AuxLending:
         after = est.merge_s() + est.weight_sync_s()
         c_out = est.switch.estimate("train_on_roll.c_out")
         ready0 = predict.ready_in(s, b1)
-        best = None
+        best: tuple[admission.AdmissionDecision, list[AuxExecutor]] | None = None
         for k in sorted({min(1 << i, len(idle)) for i in range(len(idle).bit_length() + 1)}):  # 1, 2, 4, .., all
             free = [AuxExecutor(u, 0.0, 0.0) for u in idle[:k]]
-            paid = [AuxExecutor(u, c_in, c_grad) for u in idle[:k]]
-            plan = plan_chunks(n, p_s, dp, ready + paid, a_s)
-            d = admission.train_on_roll(
-                s.t, k, step0, plan_chunks(n, p_s, dp, ready + free, a_s).makespan_s,
-                plan.makespan_s, after, ready0,
-                predict.ready_in(s, b1, remove=k, remove_s=plan.makespan_s + c_out))
-            if sum(plan.aux[len(ready):]) < k:
-                d = admission.decide("train_on_roll", s.t, k, d.benefit_s, float("inf"))
-            if best is None or d.net_s > best.net_s:
-                best = d
-        s.admissions.append(best)
-        return idle[:best.units] if best.admit else []
+            step_free = plan_chunks(n, p_s, dp, ready + free, a_s).makespan_s
+
+            def judge(cap: int | None, k: int = k, step_free: float = step_free):
+                paid = [AuxExecutor(u, c_in, c_grad, cap) for u in idle[:k]]
+                plan = plan_chunks(n, p_s, dp, ready + paid, a_s)
+                shares = plan.aux[len(ready):]
+                away = c_in + max(shares, default=0) * a_s + c_grad + c_out
+                ready_k = predict.ready_in(s, b1, remove=k, remove_s=away)
+                d = admission.train_on_roll(s.t, k, step0, step_free, plan.makespan_s, after, ready0, ready_k)
+                if sum(1 for m in shares if m) < k:  # a lent replica would get nothing to do
+                    d = admission.decide("train_on_roll", s.t, k, d.benefit_s, float("inf"))
+                # Does the next batch (not this step) decide when the next step starts?
+                return d, paid, plan, ready_k >= plan.makespan_s + after
+
+            d_full, paid_full, plan_full, _ = judge(None)
+            q_max = max(plan_full.aux[len(ready):], default=0)
+            options = [(d_full, paid_full)]
+            lo, hi = 1, max(q_max, 1)
+            while lo < hi:  # the smallest cap at which the next batch, not the step, is late
+                mid = (lo + hi) // 2
+                if judge(mid)[3]:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            for q in {lo - 1, lo} - {0}:
+                if q < q_max:
+                    d, paid, _, _ = judge(q)
+                    options.append((d, paid))
+            for d, paid in options:
+                if best is None or d.net_s > best[0].net_s:
+                    best = (d, paid)
+        assert best is not None
+        s.admissions.append(best[0])
+        return best[1] if best[0].admit else []
 
 
 @register("train-borrow")

@@ -2,7 +2,9 @@
 
 The batch's samples are laid out in group-id order and cut into the controller's
 micro-batches; each chunk goes to its executor (the primary's data-parallel ranks, or an
-auxiliary trainer, one micro-batch per call so a reclaim waits for at most one).  When
+auxiliary trainer, one micro-batch per call so a reclaim waits for at most one).  An
+auxiliary whose chunk is computed is reported (``ChunkComputed``) so that it can go home
+before the merge: its gradients stay in the object store for the primary.  When
 every chunk is computed, each rank merges its own and rank 0 also the auxiliary chunks,
 in chunk order: the update does not depend on who computed what, or when.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bidirl.controller.actions import PRIMARY, StartTrainStep
-from bidirl.controller.events import StageMeasured, TrainStepFinished
+from bidirl.controller.events import ChunkComputed, StageMeasured, TrainStepFinished
 from bidirl.core.staleness import staleness_at_training
 
 
@@ -41,6 +43,7 @@ class _Job:
     role: str
     micro_batches: list
     handle: object = None
+    unit: int | None = None  # an auxiliary's unit
 
 
 class TrainDriver:
@@ -59,8 +62,12 @@ class TrainDriver:
                 devs = ex.layout.train_devices
                 jobs += [_Job(d, "train", chunk_mbs[r::len(devs)]) for r, d in enumerate(devs)]
             else:  # one call per micro-batch, so a reclaim waits for at most one
-                jobs += [_Job(ex.unit_device(c.executor), "aux_train", [mb]) for mb in chunk_mbs]
-        state = {"left": len(jobs), "jobs": jobs, "total": rec.response_tokens}
+                jobs += [_Job(ex.unit_device(c.executor), "aux_train", [mb], unit=c.executor) for mb in chunk_mbs]
+        aux_left: dict[int, int] = {}
+        for job in jobs:
+            if job.unit is not None:
+                aux_left[job.unit] = aux_left.get(job.unit, 0) + 1
+        state = {"left": len(jobs), "jobs": jobs, "total": rec.response_tokens, "aux_left": aux_left}
         w = None
         for job in jobs:
             if job.role == "aux_train" and ex.aux_version.get(job.device) != ex.version:
@@ -123,6 +130,10 @@ class TrainDriver:
         for tokens, seq, secs in timings:
             ex.deliver(StageMeasured(stage, (1.0, float(tokens), float(tokens * seq)), secs))
         state["left"] -= 1
+        if job.role == "aux_train":  # its last micro-batch: the unit may go home before the merge
+            state["aux_left"][job.unit] -= 1
+            if not state["aux_left"][job.unit]:
+                ex.deliver(ChunkComputed(job.unit, a.step))
         if not state["left"]:
             self._merge(a, rec, state["jobs"])
 

@@ -20,6 +20,7 @@ import simpy
 from bidirl.controller.actions import AssignGroups, Lend, Reclaim, StartTrainStep, SyncWeights
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.controller.events import (
+    ChunkComputed,
     DeviceLent,
     DeviceReclaimed,
     GroupsCompleted,
@@ -210,6 +211,7 @@ class SimRuntime:
                 self._at(run.compute_end, self.rec.set, d, run.compute_end, SWITCHING, role,
                          "C_grad", True)
             self._at(run.arrive, self.rec.set, d, run.arrive, IDLE, role, WAITING, True)
+            self._at(run.arrive, self._deliver, ChunkComputed(run.unit, a.step))
         for m in tl.measurements:
             self._deliver(m)
         self.trained.device_s += tl.device_seconds
