@@ -1,11 +1,23 @@
-"""All seven policies for real: ``bidirl train`` on the tiny model, same config and seed.
+"""``async`` against ``bidirl`` on real devices (Ray + vLLM + torch), workload by workload.
 
-Prints and writes (bench/results/real_policies.json) each policy's trained tokens/s
-(ratio to ``async`` measured in the same session), wall time of the training loop, idle
-ratios, borrow counts, median measured switch costs, admission decisions and the ledger
-audit.  Start-up (Ray, vLLM engines, pre-warming) is excluded from tokens/s.
+Each workload is run as interleaved pairs (the order alternates: async, bidirl, then
+bidirl, async, ...) of ``bidirl train`` with the same config and seed; this machine is
+shared and noisy, so what counts is the ratio within a pair.  For every run it prints
+and records trained tokens/s, the ideal packing bound (the same busy device-seconds
+packed on all devices with no bubble and no switch cost, measured on the pair's
+``async`` run), efficiency = measured / bound, idle per pool, borrows, stage-model
+median errors, reclaim latency against one decode step + C_out, the ledger audit, and
+the simulator's prediction from the run's own calibrated scenario
+(``RUN_DIR/scenario.yaml``, when the run wrote one).
 
-    .venv/bin/python bench/real_policies.py [--steps 30] [--policies async,bidirl] [-- key=value ...]
+    .venv/bin/python bench/real_policies.py --workload rollout-heavy --pairs 5 --json OUT.json
+    .venv/bin/python bench/real_policies.py --workload all --pairs 5     # every workload
+    .venv/bin/python bench/real_policies.py --workload balanced --pairs 1 -- run.steps=6
+
+Start-up (Ray, vLLM engines, pre-warming) is outside the measured loop.  Workloads
+(``WORKLOADS``): rollout-heavy, train-heavy, shifting, balanced; all on a 4-layer /
+hidden-256 model with random weights (responses run long), 8 prompts x 8 responses a
+step, 1 rollout + 1 training device, staleness 1.
 """
 
 from __future__ import annotations
@@ -13,74 +25,234 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from bidirl.policy import policy_names
-
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = tuple(policy_names())
-WORKLOAD = ["rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=64",
-            "data.task=copy", "trainer.micro_batch_size=8"]
+BASE = ["model.tiny_layers=4", "model.tiny_hidden=256", "model.warm_start_steps=0",
+        "rollout.prompts_per_step=8", "rollout.group_size=8", "data.task=copy",
+        "run.checkpoint_every=0", "run.plot=false", "run.tensorboard=false"]
+LONG_PROMPT_TOKENS = 200
 
 
-def run_policy(policy: str, steps: int, extra: list[str], workdir: Path, index: int = 0) -> dict:
-    run = workdir / f"{index:02d}-{policy}"
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
-               RAY_AUTH_MODE="disabled")
+@dataclass(frozen=True)
+class Workload:
+    description: str
+    overrides: tuple[str, ...]
+    long_prompts: bool = False  # veRL-layout rows with ~LONG_PROMPT_TOKENS-token prompts
+    steps: int = 12
+
+
+WORKLOADS = {
+    "rollout-heavy": Workload(
+        "long responses (<= 256 tokens) on a replica that runs 16 at a time: the trainer idles",
+        ("rollout.max_new_tokens=256", "rollout.max_num_seqs=16", "trainer.micro_batch_size=16")),
+    "train-heavy": Workload(
+        f"~{LONG_PROMPT_TOKENS}-token prompts, short responses (<= 24), a KL term: the rollout idles",
+        ("rollout.max_new_tokens=24", "trainer.micro_batch_size=4", "trainer.kl_coef=0.01"),
+        long_prompts=True),
+    "shifting": Workload(
+        f"~{LONG_PROMPT_TOKENS}-token prompts, the response cap growing 16 -> 256 over the run: "
+        "the bottleneck moves from training to rollout",
+        ("rollout.max_new_tokens=256", "rollout.max_new_tokens_start=16", "rollout.max_num_seqs=16",
+         "trainer.micro_batch_size=8"), long_prompts=True, steps=14),
+    "balanced": Workload(
+        "responses <= 128 tokens, all 64 at once: rollout and training take about as long",
+        ("rollout.max_new_tokens=128", "trainer.micro_batch_size=16")),
+}
+POLICIES = ("async", "bidirl")
+ENV = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+
+
+def long_prompt_rows(path: Path, n: int = 256, seed: int = 0) -> Path:
+    """veRL-layout rows of the built-in ``copy`` task behind a long (character) preamble."""
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(n):
+            answer = str(rng.randrange(1000, 9999))
+            filler = " ".join(str(rng.randrange(10, 99)) for _ in range(LONG_PROMPT_TOKENS // 3))
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"{filler} copy {answer}"}],
+                                "data_source": "copy", "reward_model": {"ground_truth": answer},
+                                "extra_info": {"index": i}}) + "\n")
+    return path
+
+
+def simulate(scenario: Path, policy: str, tmp: Path) -> float | None:
+    """The simulator's throughput for ``policy`` on a run's calibrated scenario."""
+    if not scenario.is_file():
+        return None
+    out = tmp / f"sim-{policy}.json"
+    r = subprocess.run([sys.executable, "-m", "bidirl.cli", "simulate", "--scenario", str(scenario),
+                        "--policy", policy, "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       env=ENV)
+    if r.returncode != 0:
+        print(f"  simulate {scenario} {policy} failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        return None
+    return json.loads(out.read_text())["throughput_tokens_per_s"]
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def run_once(name: str, w: Workload, policy: str, run: Path, data: Path | None, extra: list[str]) -> dict:
+    over = [*BASE, *w.overrides, f"run.steps={w.steps}", f"scheduler.policy={policy}", *extra]
+    if data is not None:
+        over += [f"data.files={data}", f"data.max_prompt_length={LONG_PROMPT_TOKENS + 64}"]
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *WORKLOAD,
-                          f"run.steps={steps}", f"scheduler.policy={policy}", *extra],
-                         cwd=ROOT, capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *over],
+                         cwd=ROOT, capture_output=True, text=True, env=ENV)
     if out.returncode != 0:
-        return {"policy": policy, "error": out.stderr[-1500:]}
+        return {"workload": name, "policy": policy, "error": out.stderr[-2000:]}
     s = json.loads((run / "summary.json").read_text())
-    sw: dict[str, list[float]] = {}
-    for kind, secs in s["switches"]:
-        sw.setdefault(kind, []).append(secs)
-    return {"policy": policy, "tokens_per_s": s["throughput_tokens_per_s"], "loop_wall_s": s["wall_s"],
-            "process_wall_s": round(time.perf_counter() - t0, 1), "idle_ratio": s["idle_ratio"],
-            "borrows": s["borrows"], "audit_ok": s["audit_ok"], "max_staleness": s["audit"]["max_staleness"],
-            "reward_last": s["reward_last"],
-            "switch_median_s": {k: statistics.median(v) for k, v in sw.items()},
-            "admission": {k: v for k, v in s["admission"].items() if k != "latest"},
-            "reclaim_wait_max_s": max((w["wait_s"] for w in s["reclaim_waits"]), default=None)}
+    waits = s.get("reclaim_waits", [])
+    return {
+        "workload": name, "policy": policy, "tokens_per_s": s["throughput_tokens_per_s"],
+        "ideal_tokens_per_s": s["ideal_tokens_per_s"], "efficiency": s["efficiency"],
+        "loop_wall_s": s["wall_s"], "process_wall_s": round(time.perf_counter() - t0, 1),
+        "idle_ratio": s["idle_ratio"], "borrows": s["borrows"],
+        "admission": {k: v for k, v in s["admission"].items() if k != "latest"},
+        "stage_model_median_error": s.get("stage_model_median_error", {}),
+        "audit_ok": s["audit_ok"], "max_staleness": s["audit"]["max_staleness"],
+        "groups_trained": s["audit"]["groups_trained"], "step_times_s": s["step_times_s"],
+        # A reclaim's latency (issue -> device back) against what it may cost: the work in
+        # progress when it arrived (one decode step or one micro-batch) + C_out.
+        "reclaim_latency_s": [w_["wait_s"] + w_["c_out_s"] for w_ in waits],
+        "reclaim_bound_s": [w_["last_work_s"] + w_["c_out_s"] for w_ in waits],
+        "sim_predicted_tokens_per_s": simulate(run / "scenario.yaml", policy, run),
+    }
+
+
+def run_workload(name: str, pairs: int, extra: list[str], tmp: Path) -> dict:
+    w = WORKLOADS[name]
+    data = long_prompt_rows(tmp / f"{name}-prompts.jsonl") if w.long_prompts else None
+    runs: list[dict] = []
+    for i in range(pairs):
+        order = POLICIES if i % 2 == 0 else POLICIES[::-1]
+        for pol in order:
+            print(f"[{name}] pair {i + 1}/{pairs}: {pol} ...", file=sys.stderr, flush=True)
+            r = run_once(name, w, pol, tmp / f"{name}-{i:02d}-{pol}", data, extra)
+            r["pair"] = i
+            runs.append(r)
+            if "error" in r:
+                print(f"  FAILED: {r['error'][-600:]}", file=sys.stderr)
+    return summarise(name, w, runs)
+
+
+def summarise(name: str, w: Workload, runs: list[dict]) -> dict:
+    ok = [r for r in runs if "error" not in r]
+    by = {p: [r for r in ok if r["policy"] == p] for p in POLICIES}
+    ratios, bounds = [], []
+    for i in sorted({r["pair"] for r in ok}):
+        a = next((r for r in by["async"] if r["pair"] == i), None)
+        b = next((r for r in by["bidirl"] if r["pair"] == i), None)
+        if a and b:
+            ratios.append(b["tokens_per_s"] / a["tokens_per_s"])
+            bounds.append(a["ideal_tokens_per_s"])
+    ideal = statistics.median(bounds) if bounds else None
+    policies = {}
+    for p, rs in by.items():
+        tps = [r["tokens_per_s"] for r in rs]
+        sims = [r["sim_predicted_tokens_per_s"] for r in rs if r["sim_predicted_tokens_per_s"]]
+        errs: dict[str, list[float]] = {}
+        for r in rs:
+            for stage, e in r["stage_model_median_error"].items():
+                if e is not None:
+                    errs.setdefault(stage, []).append(e)
+        lat = [x for r in rs for x in r["reclaim_latency_s"]]
+        bound = [x for r in rs for x in r["reclaim_bound_s"]]
+        policies[p] = {
+            "tokens_per_s": statistics.median(tps) if tps else None,
+            "tokens_per_s_runs": tps,
+            "efficiency": (statistics.median(tps) / ideal) if tps and ideal else None,
+            "sim_predicted_tokens_per_s": statistics.median(sims) if sims else None,
+            "sim_over_real": [r["sim_predicted_tokens_per_s"] / r["tokens_per_s"] for r in rs
+                              if r["sim_predicted_tokens_per_s"]],
+            "idle_ratio": {k: statistics.median(r["idle_ratio"].get(k, 0) for r in rs)
+                           for k in ("rollout", "train")} if rs else {},
+            "borrows": [r["borrows"] for r in rs],
+            "stage_model_median_error": {k: statistics.median(v) for k, v in errs.items()},
+            "reclaim_latency_p50_s": pct(lat, 0.5), "reclaim_latency_p99_s": pct(lat, 0.99),
+            "reclaim_bound_p50_s": pct(bound, 0.5), "reclaim_bound_p99_s": pct(bound, 0.99),
+            "audit_ok": all(r["audit_ok"] for r in rs),
+        }
+    a_tps = policies["async"]["tokens_per_s"]
+    return {
+        "workload": name, "description": w.description, "overrides": list(w.overrides),
+        "steps": w.steps, "pairs": len(ratios), "ratios": ratios,
+        "median_ratio": statistics.median(ratios) if ratios else None,
+        "ratio_spread": [min(ratios), max(ratios)] if ratios else None,
+        "ideal_tokens_per_s": ideal,
+        "bound_over_async": (ideal / a_tps) if ideal and a_tps else None,
+        "policies": policies, "failed_runs": [r for r in runs if "error" in r], "runs": ok,
+    }
+
+
+def fmt(x, spec: str = ".0f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"{'workload':<14}{'policy':<8}{'tok/s':>8}{'bound':>8}{'eff':>6}{'sim':>8}{'sim/real':>9}"
+          f"{'idle r/t':>11}{'borrows r/t':>12}{'decode err':>11}{'audit':>6}")
+    for res in results:
+        for p in POLICIES:
+            q = res["policies"][p]
+            so = q["sim_over_real"]
+            b = q["borrows"]
+            rt = (f"{sum(x.get('roll_on_train', 0) for x in b)}/{sum(x.get('train_on_roll', 0) for x in b)}"
+                  if b else "-")
+            print(f"{res['workload']:<14}{p:<8}{fmt(q['tokens_per_s']):>8}{fmt(res['ideal_tokens_per_s']):>8}"
+                  f"{fmt(q['efficiency'], '.2f'):>6}{fmt(q['sim_predicted_tokens_per_s']):>8}"
+                  f"{fmt(statistics.median(so) if so else None, '.2f'):>9}"
+                  f"{q['idle_ratio'].get('rollout', 0):>6.2f}/{q['idle_ratio'].get('train', 0):<4.2f}"
+                  f"{rt:>12}{fmt(q['stage_model_median_error'].get('decode'), '.2f'):>11}"
+                  f"{str(q['audit_ok']):>6}")
+        r = res["ratios"]
+        print(f"{'':<14}bidirl/async median {fmt(res['median_ratio'], '.3f')} over {res['pairs']} pairs "
+              f"(spread {fmt(min(r) if r else None, '.3f')}..{fmt(max(r) if r else None, '.3f')}); "
+              f"bound/async {fmt(res['bound_over_async'], '.2f')}; reclaim p50/p99 "
+              f"{fmt(res['policies']['bidirl']['reclaim_latency_p50_s'], '.3f')}/"
+              f"{fmt(res['policies']['bidirl']['reclaim_latency_p99_s'], '.3f')} s against step+C_out "
+              f"{fmt(res['policies']['bidirl']['reclaim_bound_p50_s'], '.3f')}/"
+              f"{fmt(res['policies']['bidirl']['reclaim_bound_p99_s'], '.3f')} s")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--workload", default="all", help=f"one of {', '.join(WORKLOADS)}, or all")
+    ap.add_argument("--pairs", type=int, default=5, help="interleaved async/bidirl pairs (>= 1)")
     ap.add_argument("--json", default=str(ROOT / "bench/results/real_policies.json"))
-    ap.add_argument("extra", nargs="*", help="key=value overrides for every run")
+    ap.add_argument("--keep", default=None, help="keep the run directories here")
+    ap.add_argument("extra", nargs="*", help="key=value overrides for every run (after --)")
     args = ap.parse_args()
-    policies = args.policies.split(",")
+    names = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    for n in names:
+        if n not in WORKLOADS:
+            ap.error(f"--workload: {n!r} is not one of {', '.join(WORKLOADS)}, all")
+    if args.pairs < 1:
+        ap.error("--pairs: must be >= 1")
     results = []
-    with tempfile.TemporaryDirectory(prefix="bidirl-bench-") as tmp:
-        for i, pol in enumerate(policies, 1):
-            print(f"[{i}/{len(policies)}] {pol} ...", file=sys.stderr, flush=True)
-            results.append(run_policy(pol, args.steps, args.extra, Path(tmp), i))
-    asyncs = [r["tokens_per_s"] for r in results if r["policy"] == "async" and "error" not in r]
-    base = statistics.mean(asyncs) if asyncs else None  # repeated policies: ratio to the mean async
-    print(f"{'policy':<22}{'tok/s':>9}{'vs async':>9}{'loop s':>8}{'idle roll':>10}{'idle train':>11}"
-          f"{'borrows r/t':>12}{'audit':>7}")
-    for r in results:
-        if "error" in r:
-            print(f"{r['policy']:<22} FAILED: {r['error'][-200:]}")
-            continue
-        ratio = r["tokens_per_s"] / base if base else float("nan")
-        b = r["borrows"]
-        print(f"{r['policy']:<22}{r['tokens_per_s']:>9.0f}{ratio:>9.2f}{r['loop_wall_s']:>8.1f}"
-              f"{r['idle_ratio'].get('rollout', 0):>10.2f}{r['idle_ratio'].get('train', 0):>11.2f}"
-              f"{b.get('roll_on_train', 0):>6}/{b.get('train_on_roll', 0):<5}{str(r['audit_ok']):>7}")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "steps": args.steps,
-                                           "workload": WORKLOAD + args.extra, "results": results}, indent=1))
-    return 0 if all("error" not in r and r["audit_ok"] for r in results) else 1
+    with tempfile.TemporaryDirectory(prefix="bidirl-bench-") as tmp_s:
+        tmp = Path(args.keep) if args.keep else Path(tmp_s)
+        tmp.mkdir(parents=True, exist_ok=True)
+        for n in names:
+            results.append(run_workload(n, args.pairs, args.extra, tmp))
+            out = results[0] if len(results) == 1 and args.workload != "all" else {"workloads": results}
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(out, indent=1))  # after each workload: nothing lost
+    print_table(results)
+    print(f"wrote {args.json}", file=sys.stderr)
+    return 0 if all(not r["failed_runs"] for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -78,3 +78,18 @@ def test_help_lists_every_field_with_its_doc():
     text = help_text()
     assert "rollout.max_num_seqs = 128" in text and "vLLM's concurrent sequences" in text
     assert "scheduler.policy = 'bidirl'" in text and "one-step-off" in text
+
+
+def test_a_length_curriculum_grows_the_cap_linearly_by_step():
+    from bidirl.runtime.config import load_config
+    from bidirl.runtime.group_store import GroupStore
+    from bidirl.runtime.train import response_cap
+
+    cfg = load_config(None, ["rollout.max_new_tokens=128", "rollout.max_new_tokens_start=32",
+                             "rollout.prompts_per_step=4", "run.steps=5"])
+    cap = response_cap(cfg)
+    assert [cap(g) for g in (0, 3, 4, 8, 12, 16, 19, 400)] == [32, 32, 56, 80, 104, 128, 128, 128]
+    assert response_cap(load_config(None, [])) is None  # no curriculum: the constant cap
+    store = GroupStore(2, 128, 1.0, 0, cap_for=cap)
+    store.add(9, "u", [1, 2], "copy", "x")
+    assert {r.max_new_tokens for r in store.requests_for(9)} == {80}

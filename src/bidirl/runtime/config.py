@@ -58,6 +58,10 @@ class RolloutConfig:
     prompts_per_step: int = option(8, "prompt groups per training step", ge=1)
     group_size: int = option(8, "responses per prompt (GRPO's n; GRPO normalises within a group)", ge=2)
     max_new_tokens: int = option(16, "longest response (tokens)", ge=1, le=4096)
+    max_new_tokens_start: int | None = option(
+        None, "a length curriculum: the response cap at step 0, growing linearly to max_new_tokens "
+        "at the last step (the bottleneck moves from training to rollout); null: max_new_tokens "
+        "throughout", ge=1)
     temperature: float = option(1.0, "sampling temperature", gt=0, le=5)
     max_num_seqs: int = option(128, "vLLM's concurrent sequences per replica", ge=1)
     kv_cache_mb: int = option(256, "vLLM KV-cache memory per replica (explicit: never sized from host RAM)",

@@ -127,13 +127,15 @@ class GroupRecord:
 
 class GroupStore:
     def __init__(self, n: int, max_new_tokens: int, temperature: float, seed: int,
-                 on_bad_reward: OnBadReward = "error") -> None:
+                 on_bad_reward: OnBadReward = "error", cap_for=None) -> None:
         """``on_bad_reward`` applies to reward functions that carry no choice of their own
-        (a :class:`RewardFn` does)."""
+        (a :class:`RewardFn` does).  ``cap_for(group_id)``: that group's response cap, when
+        it is not ``max_new_tokens`` for all (a length curriculum)."""
         if on_bad_reward not in ("error", "zero"):
             raise ValueError(f"on_bad_reward must be 'error' or 'zero', got {on_bad_reward!r}")
         self.n, self.max_new_tokens, self.temperature, self.seed = n, max_new_tokens, temperature, seed
         self.on_bad_reward = on_bad_reward
+        self.cap_for = cap_for or (lambda _gid: max_new_tokens)
         self.groups: dict[int, GroupRecord] = {}
         self._warned_bad = False
 
@@ -157,7 +159,7 @@ class GroupStore:
                 out.append(rec.partial.pop(i).as_request())
             else:
                 rec.partial.pop(i, None)
-                out.append(ResponseRequest(group_id, i, rec.prompt_ids, self.max_new_tokens,
+                out.append(ResponseRequest(group_id, i, rec.prompt_ids, self.cap_for(group_id),
                                            self.temperature, seed=self._seed(group_id, i)))
         return out
 

@@ -115,7 +115,7 @@ class TrainSession:
         from bidirl.runtime.cluster import ray_session
         from bidirl.runtime.group_store import GroupStore
         from bidirl.runtime.placement import check_machine_fits
-        from bidirl.runtime.train import fit_prompts, prepare_data, prepare_model
+        from bidirl.runtime.train import fit_prompts, prepare_data, prepare_model, response_cap
 
         check_machine_fits(self.cfg)  # before any data, model or Ray set-up
         cfg = self.cfg
@@ -130,7 +130,7 @@ class TrainSession:
         rows, self.prompt_lengths = fit_prompts(cfg, rows, tok, model_dir)  # before Ray and any worker
         cursor = PromptCursor(rows, seed=cfg.data.seed)
         store = GroupStore(cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
-                           cfg.run.seed)
+                           cfg.run.seed, cap_for=response_cap(cfg))
         if state is not None:
             cursor.load_state_dict(state["cursor"])
             store.load_state_dict(state["store"])

@@ -186,6 +186,21 @@ def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None 
     return kept, fit
 
 
+def response_cap(cfg: TrainConfig):
+    """``group_id -> its response cap``: ``rollout.max_new_tokens``, or the length curriculum
+    from ``rollout.max_new_tokens_start`` (linear in the group's step; ids are global)."""
+    end, start = cfg.rollout.max_new_tokens, cfg.rollout.max_new_tokens_start
+    if start is None or start == end:
+        return None
+    per_step, last = cfg.rollout.prompts_per_step, max(cfg.run.steps - 1, 1)
+
+    def cap(group_id: int) -> int:
+        step = min(group_id // per_step, last)
+        return max(1, round(start + (end - start) * step / last))
+
+    return cap
+
+
 def check_reward_fn(reward_fn, row) -> None:
     """Call the reward once, on ``row`` with an empty response, before any worker starts.
 
