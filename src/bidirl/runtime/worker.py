@@ -109,10 +109,11 @@ class DeviceWorker:
         return getattr(r, method)(*args, **kwargs)
 
 
-def worker_class(num_cpus: float = 1, num_gpus: float = 0):
-    """The Ray actor class; one per device, one CPU core (or one GPU) each."""
+def worker_class(num_cpus: float = 1, num_gpus: float = 0, log_level: str = "warning"):
+    """The Ray actor class; one per device, one CPU core (or one GPU) each; vLLM and
+    transformers log at ``log_level`` (``run.worker_log_level``) in it."""
     import ray
 
-    env = {"env_vars": vllm_env(threads=1)}
+    env = {"env_vars": vllm_env(threads=1, log_level=log_level)}
     return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=env,
                       max_concurrency=1)(DeviceWorker)
