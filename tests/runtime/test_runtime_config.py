@@ -96,8 +96,12 @@ def test_verl_names_are_aliases_in_files_and_overrides(tmp_path):
 
 def test_an_alias_and_its_field_together_or_an_unsupported_verl_field_are_errors(tmp_path):
     p = tmp_path / "both.yaml"
-    p.write_text("data: {files: [], train_files: []}\n")
-    with pytest.raises(ConfigError, match="data.train_files: the same field as data.files"):
+    p.write_text("data: {files: [], train_files: [], max_response_length: 8}\n"
+                 "actor_rollout_ref: {rollout: {response_length: 8}}\n")
+    assert load_config(str(p)).rollout.max_new_tokens == 8  # two names, one value: fine
+    p.write_text("data: {files: [], max_response_length: 8}\nrollout: {max_new_tokens: 16}\n")
+    with pytest.raises(ConfigError, match="the same field as data.max_response_length .rollout.max_new_tokens., "
+                                          "with another value"):
         load_config(str(p))
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref.actor.ppo_epochs: a veRL field bidirl does not take"):
         load_config(None, ["actor_rollout_ref.actor.ppo_epochs=2"])

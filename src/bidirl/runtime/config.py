@@ -193,15 +193,16 @@ VERL_ALIASES: tuple[tuple[str, str], ...] = (
     ("trainer.max_actor_ckpt_to_keep", "run.keep_checkpoints"),
     ("trainer.project_name", "run.wandb_project"),
     ("trainer.experiment_name", "run.wandb_name"),
-    ("trainer.default_local_dir", "run.run_dir"),
 )
 """veRL's config names that mean what a bidirl field means: (veRL name, bidirl field).
 
 Accepted in a YAML file (nested, as veRL writes them) and as ``key=value`` overrides;
-``data.val_files``, ``data.max_prompt_length``, ``data.filter_overlong_prompts`` and
-``data.seed`` are bidirl's own names too.  Only names whose meaning is the same are
+``data.val_files``, ``data.val_max_samples``, ``data.max_prompt_length`` and
+``data.filter_overlong_prompts`` are bidirl's own names too.  Only names whose meaning is the same are
 here: ``trainer.test_freq`` is veRL's steps between validations (``-1``, veRL's "off",
-is read as 0), ``warmup_style`` is veRL's name for the schedule after warm-up.
+is read as 0, as is ``save_freq``'s and ``lr_warmup_steps``'s), ``warmup_style`` is veRL's
+name for the schedule after warm-up.  Two names of one field may both be given if they
+agree (a veRL file sets ``data.max_response_length`` and ``rollout.response_length``).
 """
 
 _ALIAS = dict(VERL_ALIASES)
@@ -222,10 +223,9 @@ def _leaves(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
 def _canonical(key: str, value: Any) -> tuple[str, Any]:
     """A veRL alias mapped to bidirl's field (and veRL's ``-1`` for "off" where it has one)."""
     name = _ALIAS.get(key, key)
-    if key in ("trainer.test_freq", "trainer.save_freq") and value == -1:
+    if key in ("trainer.test_freq", "trainer.save_freq", "actor_rollout_ref.actor.optim.lr_warmup_steps") \
+            and value == -1:
         value = 0
-    if key == "trainer.max_actor_ckpt_to_keep" and value is None:
-        value = 2
     return name, value
 
 
@@ -246,12 +246,13 @@ def _place(data: dict, key: str, value: Any) -> str:
 def _resolve_aliases(data: dict) -> dict:
     """The mapping with every veRL alias renamed to its bidirl field; both given is an error."""
     out: dict[str, Any] = {}
-    given: dict[str, str] = {}
+    given: dict[str, tuple[str, Any]] = {}
     for key, value in _leaves(data):
         name = _place(out, key, value)
-        if name in given and given[name] != key:
-            raise ConfigError(f"{key}: the same field as {given[name]} ({name}); give one of them")
-        given[name] = key
+        if name in given and given[name][0] != key and given[name][1] != _canonical(key, value)[1]:
+            raise ConfigError(f"{key}: the same field as {given[name][0]} ({name}), with another value; "
+                              "give one of them")
+        given[name] = (key, _canonical(key, value)[1])
     return out
 
 
