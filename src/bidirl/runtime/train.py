@@ -224,7 +224,10 @@ def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None 
                           f"or lower rollout.max_new_tokens")
     val = ""
     if fit.val_rows:
-        every = f"every {cfg.run.val_every} steps and at the end" if cfg.run.val_every else "before training"
+        when = (["before training"] if cfg.run.val_before_train else []) + (
+            [f"every {cfg.run.val_every} steps"] if 0 < cfg.run.val_every < cfg.run.steps else []) + (
+            ["at the end"] if cfg.run.val_every else [])
+        every = ", ".join(when)
         how = "greedy" if cfg.rollout.val_temperature == 0 else f"temperature {cfg.rollout.val_temperature:g}"
         val = (f"; validation: {len(fit.val_rows)} prompts{f' ({val_over} dropped)' if val_over else ''}, "
                f"{every}, {how}")
