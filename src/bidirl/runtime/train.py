@@ -262,8 +262,9 @@ RESUME_SAFE = ("run.steps", "run.checkpoint_every", "run.tensorboard", "run.plot
                "run.keep_checkpoints", "rollout.max_num_seqs", "rollout.kv_cache_mb", "trainer.threads",
                "trainer.micro_batch_size",
                "trainer.on_nonfinite", "data.on_bad_reward",
-               "run.val_", "run.train_samples", "run.wandb", "run.worker_log_level", "data.val_",
-               "rollout.val_temperature")
+               "run.val_every", "run.val_before_train", "run.val_samples", "run.train_samples_every",
+               "run.train_samples", "run.wandb", "run.wandb_project", "run.wandb_name", "run.worker_log_level",
+               "data.val_files", "data.val_max_samples", "rollout.val_temperature")
 """Fields ``--resume DIR key=value`` may change (a name ending in ``.``: its whole section).
 
 They change how the rest of the run is carried out, not what it is: the length
