@@ -232,7 +232,7 @@ class TrainSession:
         failed = None
         try:
             rt.run(should_stop=lambda: self.stopped_at is not None or self.stop.abandon)
-            if rt.validator is not None and controller.finished:
+            if rt.validator is not None and controller.finished and cfg.run.val_every:
                 rt.validator.final(cfg.run.steps)  # the final weights, before the outputs are written
         except Exception as e:
             failed = nonfinite_step_error(e)
