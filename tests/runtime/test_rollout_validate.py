@@ -3,6 +3,7 @@
 The HF model on the same weights is the reference: a greedy validation response is its
 argmax sequence, and a greedy training response interrupted by a validation comes out
 equal to the uninterrupted one, every token still tagged with the engine's version.
+``rollout.top_k`` reaches vLLM's sampling parameters.
 """
 
 from __future__ import annotations
@@ -43,5 +44,13 @@ def test_validation_is_greedy_and_leaves_live_requests_alone(tiny_model_dir):
         (resumed,) = done
         assert resumed.token_ids == uninterrupted[0].token_ids and set(resumed.versions) == {0}
         assert resumed.finished and len(resumed.logprobs) == len(resumed.token_ids)
+        # rollout.top_k reaches vLLM: top_k=1 samples the argmax even at temperature 1
+        role.top_k = 1
+        role.submit([ResponseRequest(3, 0, add, 16, temperature=1.0, seed=5)])
+        done = []
+        while role.running:
+            done += role.run(10.0, stop_on_finish=False)["finished"]
+        _, argmax = score_tokens(reference, add, done[0].token_ids)
+        assert done[0].token_ids == argmax
     finally:
         role.release()
