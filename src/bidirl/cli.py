@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "the checkpoint's meaning alone (runtime/train.RESUME_SAFE: run.steps, cluster.*, ...)")
     t.add_argument("--ray-address", help="join an existing Ray cluster instead")
     t.add_argument("--run-dir", help="where to write the run (default runs/<time>)")
+    t.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (defaults, --config, overrides; veRL names resolved) as YAML "
+                   "and exit")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.lr=1e-5")
     t.set_defaults(func=cmd_train)
     return p

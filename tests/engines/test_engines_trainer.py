@@ -194,3 +194,38 @@ def test_trainer_role_builds_the_trainer_from_the_train_config(tiny_model_dir):
     role = TrainerRole(str(tiny_model_dir), trainer_wire(cfg.trainer, "cpu", 0), threads=1)
     assert role.trainer.config == cfg.trainer and role.trainer.device == "cpu"
     assert role.trainer.optimizer.param_groups[0]["lr"] == 2e-3
+
+
+def test_lr_schedules_warm_up_then_decay():
+    c = TrainerConfig(lr=1e-3, lr_warmup_steps=4, lr_schedule="cosine", lr_min_ratio=0.1, lr_decay_steps=14)
+    lrs = [c.lr_at(s) for s in range(16)]
+    assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert lrs[4] == pytest.approx(1e-3) and lrs[9] == pytest.approx(1e-4 + 0.9e-3 * 0.5)
+    assert lrs[14] == pytest.approx(1e-4) and lrs[15] == pytest.approx(1e-4)  # stays at the floor
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+    lin = TrainerConfig(lr=1e-3, lr_schedule="linear", lr_decay_steps=10)
+    assert [lin.lr_at(s) for s in (0, 5, 10)] == pytest.approx([1e-3, 5e-4, 0.0])
+    assert TrainerConfig(lr=1e-3).lr_at(10_000) == 1e-3
+    with pytest.raises(ValueError, match="lr_decay_steps"):
+        TrainerConfig(lr_schedule="cosine").lr_at(0)
+
+
+def test_the_schedule_and_entropy_are_reported_and_survive_a_resume(tiny_model_dir, tmp_path):
+    import math
+
+    from bidirl.engines.trainer_config import from_wire, trainer_wire
+
+    cfg, _, _ = from_wire(trainer_wire(TrainerConfig(lr=1e-3, lr_warmup_steps=3, lr_schedule="linear"),
+                                       "cpu", 0, steps=6))
+    assert cfg.lr_decay_steps == 6
+    t = TorchTrainer(tiny_model_dir, cfg)
+    batch = _samples(tiny_model_dir, n=4)
+    m = [t.train_step(batch) for _ in range(2)]
+    assert [x["lr"] for x in m] == pytest.approx([1e-3 / 3, 2e-3 / 3])
+    vocab = t.model.config.vocab_size
+    assert 0 < m[0]["entropy"] <= math.log(vocab) + 1e-6
+    t.save_checkpoint(tmp_path / "ck")
+    t2 = TorchTrainer(tiny_model_dir, cfg)
+    t2.load_checkpoint(tmp_path / "ck")
+    after = [t2.train_step(batch)["lr"] for _ in range(3)]
+    assert after == pytest.approx([cfg.lr_at(s) for s in (2, 3, 4)]) and after[0] == pytest.approx(1e-3)

@@ -142,3 +142,58 @@ def test_no_tensorboard_warns_once(tmp_path, caplog, monkeypatch):
         assert logger.tb_backend is None
     assert caplog.text.count("TensorBoard events are not written") == 1
     assert read_metrics(tmp_path / "a") == [{"step": 1, "x": 1.0}]
+
+
+class _FakeWandbRun:
+    def __init__(self, **kwargs):
+        self.kwargs, self.logged, self.defined, self.finished = kwargs, [], [], False
+
+    def define_metric(self, name, **kwargs):
+        self.defined.append((name, kwargs))
+
+    def log(self, data):
+        self.logged.append(data)
+
+    def finish(self):
+        self.finished = True
+
+
+def test_wandb_gets_every_record_with_its_step_and_resumes_the_same_run(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    runs = []
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: runs.append(_FakeWandbRun(**kw)) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    with MetricsLogger(tmp_path, tensorboard="none", wandb={"project": "p", "config": {"a": 1}}) as logger:
+        logger.log(3, {"reward/mean": 0.5, "bad": float("nan")})
+        logger.log(2, {"val/score/mean": 0.25})  # out of step order: a validation reporting late
+    run = runs[0]
+    assert run.kwargs["project"] == "p" and run.kwargs["name"] == tmp_path.name and run.kwargs["config"] == {"a": 1}
+    assert run.kwargs["dir"] == str(tmp_path) and run.kwargs["resume"] == "allow"
+    assert ("*", {"step_metric": "trainer/global_step"}) in run.defined
+    assert run.logged == [{"reward/mean": 0.5, "trainer/global_step": 3},
+                          {"val/score/mean": 0.25, "trainer/global_step": 2}]
+    assert run.finished
+    MetricsLogger(tmp_path, tensorboard="none", wandb={}).close()
+    assert runs[1].kwargs["id"] == run.kwargs["id"], "a resumed run continues the same wandb run"
+
+
+def test_wandb_missing_is_an_import_error_naming_the_field(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    with pytest.raises(ImportError, match="run.wandb"):
+        MetricsLogger(tmp_path, tensorboard="none", wandb={})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch's SummaryWriter")
+def test_sample_text_goes_to_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    with MetricsLogger(tmp_path, tensorboard="torch") as logger:
+        logger.log_text(4, "samples/val", "**prompt** 'add 1+2'")
+    tags = {v.tag for p in tmp_path.glob("events.out.tfevents.*") for e in EventFileLoader(str(p)).Load()
+            for v in e.summary.value}
+    assert any(t.startswith("samples/val") for t in tags), tags

@@ -83,3 +83,8 @@ def test_resumed_run_eta_counts_only_new_steps():
     clock.now += 20.0
     assert progress.eta_s(50) is None
     assert progress.eta_s(60) == 80.0  # 2 s per step, 40 left
+
+
+def test_the_validation_score_follows_the_reward():
+    line = format_progress(50, 300, reward=0.41, val_score=0.6125, tokens_per_s=900.0)
+    assert line == "step 50/300 (17%) | reward 0.410 | val 0.613 | 900 tok/s"

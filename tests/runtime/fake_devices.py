@@ -115,6 +115,14 @@ class FakeRollout:
         return {"finished": finished, "measurements": measurements, "prefills": prefills,
                 "running": len(self.live)}, elapsed
 
+    def validate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0, seed: int = 0):
+        """One fixed response per prompt (``group`` -1 - prompt index), tagged with nothing: the
+        live training responses are not touched, as ``RolloutRole.validate`` sets them aside."""
+        responses = [[token_at(-1 - i, 0, pos) for pos in range(response_length(-1 - i, 0, max_new_tokens))]
+                     for i in range(len(prompts))]
+        cost = self.costs.decode_s * max((len(r) for r in responses), default=0)
+        return {"version": self.version, "responses": responses, "seconds": cost}, cost
+
     def abort_all(self):
         out = [res for _, res in self.live.values()]
         self.live.clear()

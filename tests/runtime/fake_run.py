@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fake_devices import Costs, FakeBackend, KillFirstAuxTrainer
@@ -43,7 +44,11 @@ def reward(data_source, solution_str, ground_truth, extra_info=None) -> float:
 
 def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, prompts: int = 4,
              group_size: int = 4, max_new: int = 48, staleness: int = 1, costs: Costs | None = None,
-             kill_aux_at_step: int | None = None) -> FakeRun:
+             kill_aux_at_step: int | None = None,
+             setup: Callable[[DeviceExecutor], Callable | None] | None = None) -> FakeRun:
+    """``setup(executor)`` runs before the loop (e.g. to attach a validator) and may return a
+    per-step hook (e.g. a ``StepReporter``'s ``on_step``), called before the groups are retired;
+    a validator attached to the executor gets its final validation after the loop."""
     spec = spec_for(rollout, train, steps=steps, prompts=prompts, group_size=group_size, max_new=max_new,
                     staleness=staleness)
     backend = FakeBackend(list(range(spec.devices)), costs)
@@ -65,15 +70,22 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
     controller.bind(ex)
     out = FakeRun(ex, backend, spec, [])
 
+    extra = setup(ex) if setup is not None else None
+
     def on_step(rec) -> None:  # what the reporter does: the ledger, then the store lets go
         for g, st in zip(rec.group_ids, rec.staleness):
             out.trained[g] += 1
             out.staleness[g] = st
             for i, r in store.groups[g].done.items():
                 out.responses[(g, i)] = r
-            store.pop(g)
+        if extra is not None:
+            extra(rec)
+        for g in rec.group_ids:
+            store.groups.pop(g, None)
 
     ex.on_step = on_step
     ex.run()
+    if ex.validator is not None:
+        ex.validator.final(steps)
     out.intervals = ex.finish()
     return out

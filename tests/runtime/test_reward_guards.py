@@ -164,3 +164,26 @@ def test_an_int_beyond_any_float_is_described_not_crashed_on():
 
     assert reward_value(10**400) is None
     assert "not a finite number" in describe_bad_reward(10**400)
+
+
+def test_a_dict_reward_keeps_its_extra_numbers():
+    from bidirl.runtime.group_store import reward_extras
+
+    assert reward_extras({"score": 1.0, "acc": True, "pred": "7", "len": 3, "bad": float("nan")}) == {
+        "acc": 1.0, "len": 3.0}
+    assert reward_extras(0.5) == {}
+    store = GroupStore(2, 4, 1.0, 0)
+    store.add(0, "u0", [1], "src", "7")
+    store.add(1, "u1", [1], "src", "7")
+    for g in (0, 1):
+        store.absorb_finished([ResponseResult(g, i, [1], [5 + i], [0.0], [0], True, "stop", 4, 1.0, 0)
+                               for i in range(2)])
+
+    def fn(data_source, solution_str, ground_truth, extra_info=None):
+        return {"score": 0.5, "acc": solution_str == "a"} if solution_str != "b" else 0.25
+
+    decode = {5: "a", 6: "b"}
+    rewards = [store.score(g, RewardFn(fn), lambda ids: decode[ids[0]]) for g in (0, 1)]
+    assert rewards == [[0.5, 0.25], [0.5, 0.25]]
+    assert store.extra_means([0, 1]) == {"acc": 1.0}  # only the dict rewards carry it
+    assert "extras" not in store.state_dict()["groups"][0]

@@ -93,3 +93,74 @@ def test_a_length_curriculum_grows_the_cap_linearly_by_step():
     store = GroupStore(2, 128, 1.0, 0, cap_for=cap)
     store.add(9, "u", [1, 2], "copy", "x")
     assert {r.max_new_tokens for r in store.requests_for(9)} == {80}
+
+
+def test_verl_names_are_aliases_in_files_and_overrides(tmp_path):
+    p = tmp_path / "verl.yaml"
+    p.write_text("data:\n  train_batch_size: 3\n  max_response_length: 24\n"
+                 "actor_rollout_ref:\n  rollout: {n: 4, top_p: 0.9, top_k: 20}\n"
+                 "  actor: {optim: {lr: 2.0e-5, lr_warmup_steps: 5, warmup_style: cosine}}\n"
+                 "trainer: {total_training_steps: 30, test_freq: 10, save_freq: -1}\n")
+    c = load_config(str(p), ["actor_rollout_ref.rollout.temperature=0.7", "trainer.log_val_generations=2"])
+    assert (c.rollout.prompts_per_step, c.rollout.group_size, c.rollout.max_new_tokens) == (3, 4, 24)
+    assert (c.rollout.top_p, c.rollout.top_k, c.rollout.temperature) == (0.9, 20, 0.7)
+    assert (c.trainer.lr, c.trainer.lr_warmup_steps, c.trainer.lr_schedule) == (2e-5, 5, "cosine")
+    assert (c.run.steps, c.run.val_every, c.run.checkpoint_every, c.run.val_samples) == (30, 10, 0, 2)
+    assert load_config(None, ["trainer.test_freq=-1"]).run.val_every == 0  # veRL's "off"
+
+
+def test_an_alias_and_its_field_together_or_an_unsupported_verl_field_are_errors(tmp_path):
+    p = tmp_path / "both.yaml"
+    p.write_text("data: {files: [], train_files: [], max_response_length: 8}\n"
+                 "actor_rollout_ref: {rollout: {response_length: 8}}\n")
+    assert load_config(str(p)).rollout.max_new_tokens == 8  # two names, one value: fine
+    p.write_text("data: {files: [], max_response_length: 8}\nrollout: {max_new_tokens: 16}\n")
+    with pytest.raises(ConfigError, match="the same field as data.max_response_length .rollout.max_new_tokens., "
+                                          "with another value"):
+        load_config(str(p))
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.actor.ppo_epochs: a veRL field bidirl does not take"):
+        load_config(None, ["actor_rollout_ref.actor.ppo_epochs=2"])
+
+
+def test_wandb_without_the_package_is_one_error_naming_the_field(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"^run.wandb: true needs the wandb package"):
+        load_config(None, ["run.wandb=true"])
+    assert load_config(None, ["run.wandb=false"]).run.wandb is False
+
+
+def test_validation_and_sampling_fields_are_checked():
+    with pytest.raises(ConfigError, match="^data.val_max_samples"):
+        load_config(None, ["data.val_max_samples=0"])
+    with pytest.raises(ConfigError, match="^data.val_files"):
+        load_config(None, ["data.val_files=/nonexistent.parquet"])
+    with pytest.raises(ConfigError, match="^rollout.top_p"):
+        load_config(None, ["rollout.top_p=0"])
+    with pytest.raises(ConfigError, match="^trainer.lr_schedule"):
+        load_config(None, ["trainer.lr_schedule=step"])
+
+
+def test_help_lists_the_new_fields_and_the_alias_table():
+    from bidirl.runtime.config import VERL_ALIASES, help_text
+
+    text = help_text()
+    for field in ("data.val_files = []", "run.val_every = 50", "rollout.top_p = 1.0",
+                  "trainer.lr_schedule = 'constant'", "run.wandb = False", "run.worker_log_level = 'warning'"):
+        assert field in text, field
+    for verl, ours in VERL_ALIASES:
+        assert f"{verl}" in text and ours in text
+
+
+def test_print_config_prints_the_resolved_yaml_and_exits_0(capsys, tmp_path, monkeypatch):
+    import yaml
+
+    from bidirl.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no run directory (runs/...) is made
+    assert main(["train", "--print-config", "actor_rollout_ref.rollout.n=4", "run.steps=7"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out["rollout"]["group_size"] == 4 and out["run"]["steps"] == 7
+    assert not list(tmp_path.iterdir())

@@ -30,8 +30,12 @@ def _ledger(run_dir):
 def test_async_grpo_end_to_end(tmp_path, real_runtime_available):
     run = tmp_path / "run"
     out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=5", "scheduler.policy=async",
-                  "scheduler.staleness=1", "cluster.prewarm=false")
+                  "scheduler.staleness=1", "cluster.prewarm=false", "run.val_every=2", "data.val_max_samples=8",
+                  "run.train_samples_every=2")
     assert out.returncode == 0, out.stderr[-3000:]
+    console = (out.stdout + out.stderr).splitlines()
+    assert len(console) < 30, "\n".join(console)  # vLLM and Ray at WARNING, no line per weight sync
+    assert not any("Failed to load weights" in ln or " INFO " in ln for ln in console), "\n".join(console)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["audit"]["ok"] and summary["audit"]["groups_lost"] == 0
     ledger = _ledger(run)
@@ -46,8 +50,23 @@ def test_async_grpo_end_to_end(tmp_path, real_runtime_available):
                 "staleness/mean", "staleness/max"):
         assert key in steps[0], key
     assert any(k.startswith("final/stage_model_median_error/") for k in metrics[-1])
+    for key in ("critic/score/mean", "response_length/mean", "response_length/clip_ratio", "prompt_length/mean",
+                "actor/entropy", "actor/lr", "timing_s/gen", "timing_s/update_actor"):
+        assert key in steps[-1], key
+    assert any("timing_s/update_weights" in m for m in steps)
+    # validation: at steps 2 and 4 and at the end, on replica 0, outside the ledger
+    val = [m for m in metrics if "val/score/mean" in m]
+    versions = [m["step"] for m in val]  # the version each ran on: the one asked for, or a newer one
+    assert len(versions) == 3 and versions[0] >= 2 and versions[1] >= 4 and versions[-1] == 5, versions
+    assert all(m["val/prompts"] == 8 and "val-core/add/reward/mean@1" in m for m in val)
+    samples = [json.loads(ln) for ln in (run / "samples.jsonl").read_text().splitlines()]
+    assert {(s["kind"], s["step"]) for s in samples} == {("val", v) for v in versions} | {
+        ("train", 0), ("train", 2), ("train", 4)}
+    assert all(isinstance(s["response"], str) and isinstance(s["score"], float) for s in samples)
+    assert summary["val_score"] == val[-1]["val/score/mean"] and summary["reward_last_50"] is not None
     trace = json.loads((run / "trace.json").read_text())
     assert {e["tid"] for e in trace["traceEvents"] if e.get("ph") == "X"} == {1, 2}
+    assert any("validate" in e.get("name", "") for e in trace["traceEvents"] if e.get("ph") == "X")
     assert (run / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(run.glob("events.out.tfevents.*")), "TensorBoard events written"
     assert (run / "config.yaml").is_file()

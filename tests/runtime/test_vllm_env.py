@@ -37,3 +37,39 @@ def test_apply_disables_compile_when_torch_is_already_loaded():
     env = {k: v for k, v in os.environ.items() if k not in vllm_env()}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split()[-1] == "True"
+
+
+def test_log_level_variables():
+    env = vllm_env(threads=1, log_level="warning")
+    assert env["VLLM_LOGGING_LEVEL"] == "WARNING" and env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert env["BIDIRL_WORKER_LOG_LEVEL"] == "warning"
+
+
+def test_known_harmless_vllm_warnings_are_dropped_at_their_loggers_and_others_kept():
+    import logging
+
+    from bidirl.runtime.vllm_env import quiet_known_warnings
+
+    quiet_known_warnings()
+    quiet_known_warnings()  # idempotent
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    pool = logging.getLogger("vllm.v1.core.block_pool")
+    for lg in (layerwise, pool):
+        lg.addHandler(Keep())
+        lg.propagate = False
+    try:
+        layerwise.warning("%s: Failed to load weights", "RotaryEmbedding")
+        layerwise.warning("%s: Failed to load weights", "QKVParallelLinear")  # a real problem: kept
+        layerwise.error("%s: Failed to load weights", "RotaryEmbedding")  # errors always show
+        pool.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet", 1)
+    finally:
+        for lg in (layerwise, pool):
+            lg.handlers.clear()
+            lg.propagate = True
+    assert seen == ["QKVParallelLinear: Failed to load weights", "RotaryEmbedding: Failed to load weights"]

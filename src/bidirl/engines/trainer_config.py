@@ -21,6 +21,8 @@ exceptions live here, torch-free, so the CLI can map them to one-line errors.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,7 +45,13 @@ class NonFiniteWeightsError(NonFiniteError):
 class TrainerConfig:
     """GRPO trainer settings (AdamW, PPO-style clipping, optional KL to the reference)."""
 
-    lr: float = option(1e-3, "AdamW learning rate", gt=0, lt=1)
+    lr: float = option(1e-3, "AdamW learning rate (the peak, with a warm-up or schedule)", gt=0, lt=1)
+    lr_warmup_steps: int = option(0, "steps of linear warm-up from lr/warmup to lr", ge=0)
+    lr_schedule: Literal["constant", "cosine", "linear"] = option(
+        "constant", "after the warm-up: keep lr, or decay it (cosine or linear) to lr * lr_min_ratio at "
+        "lr_decay_steps")
+    lr_min_ratio: float = option(0.0, "the decayed schedules' final lr, as a fraction of lr", ge=0, le=1)
+    lr_decay_steps: int | None = option(None, "the step where a decaying schedule ends; null: run.steps", ge=1)
     micro_batch_size: int = option(16, "sequences per micro-batch (gradient accumulation)", ge=1)
     max_grad_norm: float | None = option(1.0, "global grad-norm clip after the DP all-reduce; null disables",
                                          gt=0)
@@ -61,9 +69,38 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         check_fields(self)
 
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based: the trainer's version before it).
 
-def trainer_wire(cfg: TrainerConfig, device: str, seed: int) -> dict[str, Any]:
-    """What a device worker is sent to build a trainer: plain data (it crosses Ray)."""
+        A function of the step alone, so a resumed trainer (whose version is restored from
+        its checkpoint) continues the schedule where it was.  Warm-up: ``lr * (step + 1) /
+        lr_warmup_steps`` for the first ``lr_warmup_steps`` steps; then ``constant`` keeps
+        ``lr``, ``cosine`` and ``linear`` go from ``lr`` to ``lr * lr_min_ratio`` between the
+        end of the warm-up and ``lr_decay_steps`` (staying there after it).
+        """
+        warm = self.lr_warmup_steps
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        if self.lr_schedule == "constant":
+            return self.lr
+        end = self.lr_decay_steps
+        if end is None:
+            raise ValueError(f"lr_schedule={self.lr_schedule!r} needs lr_decay_steps (the runtime sets run.steps)")
+        span = max(1, end - warm)
+        progress = min(1.0, max(0.0, (step - warm) / span))
+        if self.lr_schedule == "cosine":
+            shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+        else:
+            shape = 1.0 - progress
+        return self.lr * (self.lr_min_ratio + (1.0 - self.lr_min_ratio) * shape)
+
+
+def trainer_wire(cfg: TrainerConfig, device: str, seed: int, steps: int | None = None) -> dict[str, Any]:
+    """What a device worker is sent to build a trainer: plain data (it crosses Ray).
+
+    ``steps`` (``run.steps``) fills ``lr_decay_steps`` when it is null."""
+    if steps is not None and cfg.lr_decay_steps is None:
+        cfg = dataclasses.replace(cfg, lr_decay_steps=steps)
     return {"config": as_dict(cfg), "device": device, "seed": seed}
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -105,10 +106,28 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ forward passes
     def _logp(self, batch: Collated) -> torch.Tensor:
+        return self._logp_entropy(batch, entropy=False)[0]
+
+    def _logp_entropy(self, batch: Collated, entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token log-probs, and (without gradient) the policy's entropy at each position.
+
+        The entropy is computed one sequence at a time, so it adds a (length x vocab)
+        temporary, not a (batch x length x vocab) one."""
         logits_B_L_V = self.model(
             input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L, use_cache=False
         ).logits
-        return token_logprobs(logits_B_L_V[:, :-1], batch.targets_B_T)
+        logits_B_T_V = logits_B_L_V[:, :-1]
+        logp_B_T = token_logprobs(logits_B_T_V, batch.targets_B_T)
+        if not entropy:
+            return logp_B_T, None
+        with torch.no_grad():
+            rows = []
+            for b in range(logits_B_T_V.shape[0]):
+                x_T_V = logits_B_T_V[b].detach().float()
+                p_T_V = torch.softmax(x_T_V, dim=-1)
+                rows.append(torch.logsumexp(x_T_V, dim=-1) - (p_T_V * x_T_V).sum(-1))
+            entropy_B_T = torch.stack(rows)
+        return logp_B_T, entropy_B_T
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[TrainSample], micro_batch_size: int = 16) -> list[np.ndarray]:
@@ -125,8 +144,9 @@ class TorchTrainer:
         for p in self.params.values():
             p.grad = None
         batch = collate(mb, self.pad_id, self.device)
+        logp_B_T, entropy_B_T = self._logp_entropy(batch)
         out = grpo_loss(
-            self._logp(batch), batch.old_logp_B_T, batch.adv_B, batch.mask_B_T, total_tokens,
+            logp_B_T, batch.old_logp_B_T, batch.adv_B, batch.mask_B_T, total_tokens,
             self.config.clip_eps_low, self.config.clip_eps_high, batch.ref_logp_B_T, self.config.kl_coef,
         )
         out.loss.backward()
@@ -137,6 +157,8 @@ class TorchTrainer:
             p.grad = None
         metrics = {k: float(v) for k, v in out.metrics.items()}
         metrics["loss"] = float(out.loss.detach())
+        mask_B_T = batch.mask_B_T.to(entropy_B_T.dtype)
+        metrics["entropy"] = float((entropy_B_T * mask_B_T).sum() / total_tokens)  # token mean, summed over mbs
         return grads, metrics
 
     def compute_chunk_grads(
@@ -200,6 +222,9 @@ class TorchTrainer:
         # all ranks skip (or stop) together, and none waits in a collective for another.
         grad_norm, loss = float(norm), float(metrics.get("loss", 0.0))
         finite = math.isfinite(grad_norm) and math.isfinite(loss)
+        lr = self.config.lr_at(self.version)  # the schedule follows the version, so it survives a resume
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         if finite:
             self.optimizer.step()
         for p in self.params.values():
@@ -214,7 +239,7 @@ class TorchTrainer:
             self.skipped_steps += 1
         self.version += 1  # a skipped step still counts: its weights are the previous version's
         metrics.update(grad_norm=grad_norm, version=self.version, skipped=float(not finite),
-                       skipped_steps=self.skipped_steps)
+                       skipped_steps=self.skipped_steps, lr=lr)
         return metrics
 
     def _all_reduce(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -273,8 +298,10 @@ class TorchTrainer:
         missing = set(self.params) - set(weights)
         if missing:
             raise KeyError(f"weights missing parameters: {sorted(missing)[:5]}")
-        for name, p in self.params.items():
-            p.copy_(torch.from_numpy(np.asarray(weights[name])).view_as(p))
+        with warnings.catch_warnings():  # arrays from Ray's object store are read-only; copy_ only reads them
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            for name, p in self.params.items():
+                p.copy_(torch.from_numpy(np.asarray(weights[name])).view_as(p))
         if version is not None:
             self.version = int(version)
 

@@ -12,6 +12,15 @@ framework-free ``tensorboard.summary.Writer``, else none (one warning per proces
 Event files go straight into ``run_dir`` so ``tensorboard --logdir runs/`` lists one
 run per run directory.
 
+Weights & Biases is optional too (``run.wandb=true``): ``wandb={"project": ..., "name": ...}``
+starts a wandb run in ``run_dir`` (its id kept in ``run_dir/wandb_id``, so a resumed run
+continues the same wandb run), and every record is logged to it with its ``step`` as
+``trainer/global_step``, the x-axis of every chart (records may arrive out of step order:
+a validation reports after the steps that ran meanwhile).  ``WANDB_MODE=offline`` (or
+``mode="offline"``) writes it to disk with no network; ``wandb sync`` uploads it later.
+The package is not a dependency: without it, ``wandb=...`` is an ``ImportError`` naming
+the field (the train config refuses ``run.wandb=true`` before anything starts).
+
 A NaN or infinite value (or a non-number) is never written: JSON has no NaN, and one
 NaN ruins a TensorBoard chart's scale.  The key is skipped and named in a warning the
 first time; how often each key was skipped is logged on ``close()``.
@@ -81,6 +90,33 @@ def _open_tensorboard(run_dir: Path, backend: str) -> tuple[Any, str | None]:
     return None, None
 
 
+WANDB_STEP = "trainer/global_step"
+
+
+def _open_wandb(run_dir: Path, opts: Mapping[str, Any]):
+    """A wandb run for ``run_dir`` (resumed if the directory already had one)."""
+    try:
+        import wandb
+    except ImportError as e:
+        raise ImportError("run.wandb: true needs the wandb package (pip install wandb), or set run.wandb=false") \
+            from e
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else None
+    if not run_id:
+        import uuid
+
+        run_id = uuid.uuid4().hex[:12]
+        id_file.write_text(run_id + "\n")
+    kwargs = {"project": opts.get("project") or "bidirl", "name": opts.get("name") or run_dir.name,
+              "dir": str(run_dir), "id": run_id, "resume": "allow", "config": dict(opts.get("config") or {})}
+    if opts.get("mode"):
+        kwargs["mode"] = opts["mode"]
+    run = wandb.init(**kwargs)
+    run.define_metric(WANDB_STEP)
+    run.define_metric("*", step_metric=WANDB_STEP)
+    return run
+
+
 class MetricsLogger:
     """Appends one flat record per step to ``run_dir/metrics.jsonl`` (+ TensorBoard).
 
@@ -90,7 +126,8 @@ class MetricsLogger:
     (after ``truncate_metrics`` has cut it back to the checkpoint's step).
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, tensorboard: str = "auto") -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], *, tensorboard: str = "auto",
+                 wandb: Mapping[str, Any] | None = None) -> None:
         if tensorboard not in TB_BACKENDS:
             raise ValueError(f"tensorboard must be one of {TB_BACKENDS}, got {tensorboard!r}")
         self.run_dir = Path(run_dir)
@@ -98,6 +135,7 @@ class MetricsLogger:
         self.path = self.run_dir / METRICS_FILENAME
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._tb, self.tb_backend = _open_tensorboard(self.run_dir, tensorboard)
+        self._wandb = _open_wandb(self.run_dir, wandb) if wandb is not None else None
         self._skipped: Counter[str] = Counter()
         self._closed = False
 
@@ -119,7 +157,17 @@ class MetricsLogger:
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
         self._write_tensorboard(step, record)
+        if self._wandb is not None:
+            self._wandb.log({**{k: v for k, v in record.items() if k != "step"}, WANDB_STEP: step})
         return record
+
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        """A text entry (sample responses) in TensorBoard, where the writer supports text."""
+        add_text = getattr(self._tb, "add_text", None)
+        if add_text is None:
+            return
+        add_text(tag, text, **{"global_step" if self.tb_backend == "torch" else "step": int(step)})
+        self._tb.flush()
 
     def _skip(self, step: int, key: str, value: Any) -> None:
         if not self._skipped[key]:
@@ -144,6 +192,8 @@ class MetricsLogger:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
         for key, count in sorted(self._skipped.items()):
             log.warning("metric %r was skipped %d time(s) in %s", key, count, self.path)
 

@@ -1,7 +1,9 @@
 """A live one-line progress display for long runs.
 
-    step 12/100 (12%) | reward 0.532 | 1.23k tok/s | idle rollout 3% train 12% |
+    step 12/100 (12%) | reward 0.532 | val 0.610 | 1.23k tok/s | idle rollout 3% train 12% |
     stale 0.8/2 | 0:41 | ETA 5:02          (one line on screen)
+
+``val`` is the latest validation score (absent until the first validation).
 
 On a terminal the line is redrawn in place with ``\\r`` (at most every
 ``min_refresh_s``, truncated to the terminal width so it never wraps, which would break
@@ -44,6 +46,7 @@ def format_progress(
     elapsed_s: float | None = None,
     eta_s: float | None = None,
     reward: float | None = None,
+    val_score: float | None = None,
     tokens_per_s: float | None = None,
     idle_ratios: Mapping[str, float] | None = None,
     staleness_mean: float | None = None,
@@ -54,6 +57,8 @@ def format_progress(
     parts = [f"step {step}/{total_steps} ({pct:.0f}%)"]
     if reward is not None:
         parts.append(f"reward {reward:.3f}")
+    if val_score is not None:
+        parts.append(f"val {val_score:.3f}")
     if tokens_per_s is not None:
         parts.append(f"{_si(tokens_per_s)} tok/s")
     if idle_ratios:
@@ -112,7 +117,7 @@ class ProgressLine:
     def update(self, step: int, **fields: Any) -> str:
         """Record progress after ``step`` finished steps; returns the formatted line.
 
-        ``fields``: ``format_progress``'s ``reward``, ``tokens_per_s``, ``idle_ratios``,
+        ``fields``: ``format_progress``'s ``reward``, ``val_score``, ``tokens_per_s``, ``idle_ratios``,
         ``staleness_mean`` and ``staleness_max``; elapsed time and ETA come from the clock.
         """
         now = self._clock()

@@ -7,6 +7,7 @@ temp dir, shut down only that one, and remove its temp dir when it ends.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -22,8 +23,11 @@ LOCAL_ENV = {
 
 
 @contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None):
-    """Yield an initialised Ray; start a private loopback instance unless ``address``."""
+def ray_session(address: str | None = None, num_cpus: int | None = None, log_level: str = "warning"):
+    """Yield an initialised Ray; start a private loopback instance unless ``address``.
+
+    Workers' output still reaches the driver (``log_to_driver``: a worker's warning or
+    traceback is seen); Ray's own logging is at ``log_level`` (``run.worker_log_level``)."""
     for k, v in LOCAL_ENV.items():
         os.environ.setdefault(k, v)
     import ray
@@ -32,14 +36,15 @@ def ray_session(address: str | None = None, num_cpus: int | None = None):
         yield ray
         return
     tmp = None
+    level = getattr(logging, log_level.upper())
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, logging_level=level)
     else:
         # Short path: Ray's unix socket names must stay under ~107 characters.
         tmp = tempfile.mkdtemp(prefix="bidirl-ray-", dir="/tmp")
         ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=tmp,
                  _node_ip_address="127.0.0.1", log_to_driver=True,
-                 configure_logging=False)
+                 configure_logging=False, logging_level=level)
     try:
         yield ray
     finally:

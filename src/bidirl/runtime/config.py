@@ -9,6 +9,7 @@ allowed; the resolved config is written to the run directory.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +20,7 @@ from bidirl.core.typed_config import as_dict, build, format_fields, option, sect
 from bidirl.engines.trainer_config import TrainerConfig
 from bidirl.policy import policy_names
 
-__all__ = ["ConfigError", "TrainConfig", "TrainerConfig", "load_config", "help_text"]
+__all__ = ["ConfigError", "TrainConfig", "TrainerConfig", "VERL_ALIASES", "load_config", "help_text"]
 
 
 class ConfigError(ValueError):
@@ -51,6 +52,10 @@ class DataConfig:
         "max_model_len is the longest kept prompt + rollout.max_new_tokens", ge=1)
     filter_overlong_prompts: bool = option(
         False, "drop (and count) rows longer than max_prompt_length; false: such a row is an error")
+    val_files: list[str] = option(default_factory=list, doc="validation .parquet / .jsonl files, the layout of "
+                                  "data.files (key=a,b); empty with a built-in task: its split='test' rows")
+    val_max_samples: int = option(-1, "validation prompts: the first N rows of val_files; -1: all of them "
+                                  "(a built-in task: 64)", ge=-1)
 
 
 @dataclass
@@ -62,7 +67,11 @@ class RolloutConfig:
         None, "a length curriculum: the response cap at step 0, growing linearly to max_new_tokens "
         "at the last step (the bottleneck moves from training to rollout); null: max_new_tokens "
         "throughout", ge=1)
-    temperature: float = option(1.0, "sampling temperature", gt=0, le=5)
+    temperature: float = option(1.0, "sampling temperature", gt=0, le=2)
+    top_p: float = option(1.0, "nucleus sampling: keep the smallest set of tokens whose probability "
+                          "reaches top_p; 1: off", gt=0, le=1)
+    top_k: int = option(-1, "sample from the k most likely tokens; -1 or 0: off", ge=-1)
+    val_temperature: float = option(0.0, "validation sampling temperature; 0: greedy", ge=0, le=2)
     max_num_seqs: int = option(128, "vLLM's concurrent sequences per replica", ge=1)
     kv_cache_mb: int = option(256, "vLLM KV-cache memory per replica (explicit: never sized from host RAM)",
                               ge=16)
@@ -97,6 +106,19 @@ class RunConfig:
                                    "one if the newest is damaged", ge=1)
     tensorboard: bool = option(True, "write TensorBoard event files")
     plot: bool = option(True, "write a timeline plot at the end")
+    val_every: int = option(50, "steps between validations (and one at the end); 0: no validation", ge=0)
+    val_before_train: bool = option(False, "also validate the initial weights (a resumed run: the checkpoint's)")
+    val_samples: int = option(4, "validation responses written to samples.jsonl per validation", ge=0)
+    train_samples_every: int = option(50, "steps between training responses written to samples.jsonl; 0: none",
+                                      ge=0)
+    train_samples: int = option(2, "training responses written each time (one per group)", ge=0)
+    wandb: bool = option(False, "also log to Weights & Biases (needs the wandb package; WANDB_MODE=offline "
+                         "works without network)")
+    wandb_project: str = option("bidirl", "Weights & Biases project")
+    wandb_name: str | None = option(None, "Weights & Biases run name; null: the run directory's name")
+    worker_log_level: Literal["debug", "info", "warning", "error"] = option(
+        "warning", "log level of vLLM and Ray in the device workers (known harmless vLLM warnings are "
+        "dropped at any level above info)")
 
 
 @dataclass
@@ -126,14 +148,116 @@ def _check(c: TrainConfig) -> TrainConfig:
     if not c.data.files:
         need(c.data.task is not None, "data.task", "a built-in task name when data.files is empty",
              c.data.task)
-    for i, f in enumerate(c.data.files):
-        need(Path(f).is_file(), f"data.files[{i}]", "an existing .parquet or .jsonl file", f)
-        need(f.endswith((".parquet", ".jsonl", ".json")), f"data.files[{i}]",
-             "a .parquet or .jsonl file", f)
+    for key in ("files", "val_files"):
+        for i, f in enumerate(getattr(c.data, key)):
+            need(Path(f).is_file(), f"data.{key}[{i}]", "an existing .parquet or .jsonl file", f)
+            need(f.endswith((".parquet", ".jsonl", ".json")), f"data.{key}[{i}]",
+                 "a .parquet or .jsonl file", f)
+    need(c.data.val_max_samples != 0, "data.val_max_samples", "-1 (all) or at least 1", 0)
+    if c.run.wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("run.wandb: true needs the wandb package, which is not installed "
+                          "(pip install wandb), or set run.wandb=false")
     if c.data.reward_fn is not None:
         need(Path(c.data.reward_fn).is_file(), "data.reward_fn", "an existing .py file",
              c.data.reward_fn)
     return c
+
+
+VERL_ALIASES: tuple[tuple[str, str], ...] = (
+    ("data.train_files", "data.files"),
+    ("data.train_batch_size", "rollout.prompts_per_step"),
+    ("data.max_response_length", "rollout.max_new_tokens"),
+    ("custom_reward_function.path", "data.reward_fn"),
+    ("custom_reward_function.name", "data.reward_fn_name"),
+    ("actor_rollout_ref.model.path", "model.path"),
+    ("actor_rollout_ref.actor.optim.lr", "trainer.lr"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps", "trainer.lr_warmup_steps"),
+    ("actor_rollout_ref.actor.optim.warmup_style", "trainer.lr_schedule"),
+    ("actor_rollout_ref.actor.optim.lr_scheduler_type", "trainer.lr_schedule"),
+    ("actor_rollout_ref.actor.optim.min_lr_ratio", "trainer.lr_min_ratio"),
+    ("actor_rollout_ref.actor.optim.weight_decay", "trainer.weight_decay"),
+    ("actor_rollout_ref.actor.optim.betas", "trainer.betas"),
+    ("actor_rollout_ref.actor.grad_clip", "trainer.max_grad_norm"),
+    ("actor_rollout_ref.actor.clip_ratio_low", "trainer.clip_eps_low"),
+    ("actor_rollout_ref.actor.clip_ratio_high", "trainer.clip_eps_high"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "trainer.micro_batch_size"),
+    ("actor_rollout_ref.rollout.n", "rollout.group_size"),
+    ("actor_rollout_ref.rollout.temperature", "rollout.temperature"),
+    ("actor_rollout_ref.rollout.top_p", "rollout.top_p"),
+    ("actor_rollout_ref.rollout.top_k", "rollout.top_k"),
+    ("actor_rollout_ref.rollout.response_length", "rollout.max_new_tokens"),
+    ("actor_rollout_ref.rollout.max_num_seqs", "rollout.max_num_seqs"),
+    ("actor_rollout_ref.rollout.dtype", "model.dtype"),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature", "rollout.val_temperature"),
+    ("trainer.total_training_steps", "run.steps"),
+    ("trainer.test_freq", "run.val_every"),
+    ("trainer.val_before_train", "run.val_before_train"),
+    ("trainer.log_val_generations", "run.val_samples"),
+    ("trainer.save_freq", "run.checkpoint_every"),
+    ("trainer.max_actor_ckpt_to_keep", "run.keep_checkpoints"),
+    ("trainer.project_name", "run.wandb_project"),
+    ("trainer.experiment_name", "run.wandb_name"),
+)
+"""veRL's config names that mean what a bidirl field means: (veRL name, bidirl field).
+
+Accepted in a YAML file (nested, as veRL writes them) and as ``key=value`` overrides;
+``data.val_files``, ``data.val_max_samples``, ``data.max_prompt_length`` and
+``data.filter_overlong_prompts`` are bidirl's own names too.  Only names whose meaning is the same are
+here: ``trainer.test_freq`` is veRL's steps between validations (``-1``, veRL's "off",
+is read as 0, as is ``save_freq``'s and ``lr_warmup_steps``'s), ``warmup_style`` is veRL's
+name for the schedule after warm-up.  Two names of one field may both be given if they
+agree (a veRL file sets ``data.max_response_length`` and ``rollout.response_length``).
+"""
+
+_ALIAS = dict(VERL_ALIASES)
+
+
+def _leaves(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a nested mapping; an empty mapping is a leaf."""
+    out: list[tuple[str, Any]] = []
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out += _leaves(v, key + ".")
+        else:
+            out.append((key, v))
+    return out
+
+
+def _canonical(key: str, value: Any) -> tuple[str, Any]:
+    """A veRL alias mapped to bidirl's field (and veRL's ``-1`` for "off" where it has one)."""
+    name = _ALIAS.get(key, key)
+    if key in ("trainer.test_freq", "trainer.save_freq", "actor_rollout_ref.actor.optim.lr_warmup_steps") \
+            and value == -1:
+        value = 0
+    return name, value
+
+
+_VERL_ROOTS = ("actor_rollout_ref", "custom_reward_function", "critic", "algorithm", "reward_model",
+               "ray_init", "ray_kwargs")
+
+
+def _place(data: dict, key: str, value: Any) -> str:
+    """Put ``key=value`` (a bidirl field or a veRL alias) into ``data``; the field's name."""
+    name, value = _canonical(key, value)
+    if name.split(".", 1)[0] in _VERL_ROOTS:
+        raise ConfigError(f"{key}: a veRL field bidirl does not take (the ones it takes, under their veRL "
+                          "names, are listed by bidirl train --help)")
+    set_path(TrainConfig, data, name, value, ConfigError)
+    return name
+
+
+def _resolve_aliases(data: dict) -> dict:
+    """The mapping with every veRL alias renamed to its bidirl field; both given is an error."""
+    out: dict[str, Any] = {}
+    given: dict[str, tuple[str, Any]] = {}
+    for key, value in _leaves(data):
+        name = _place(out, key, value)
+        if name in given and given[name][0] != key and given[name][1] != _canonical(key, value)[1]:
+            raise ConfigError(f"{key}: the same field as {given[name][0]} ({name}), with another value; "
+                              "give one of them")
+        given[name] = (key, _canonical(key, value)[1])
+    return out
 
 
 def _override_value(raw: str) -> Any:
@@ -157,14 +281,18 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
             raise ConfigError(f"{p}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a mapping at the top level")
+    data = _resolve_aliases(data)
     for ov in overrides:
         if "=" not in ov:
             raise ConfigError(f"override {ov!r}: expected key=value, e.g. trainer.lr=1e-4")
         key, raw = ov.split("=", 1)
-        set_path(TrainConfig, data, key.strip(), _override_value(raw), ConfigError)
+        _place(data, key.strip(), _override_value(raw))
     return _check(build(TrainConfig, data, "", ConfigError))
 
 
 def help_text() -> str:
     """Every field with its default and doc, for ``bidirl train --help``."""
-    return "config fields (set with --config FILE.yaml or key=value):\n" + format_fields(TrainConfig, 44)
+    width = max(len(a) for a, _ in VERL_ALIASES)
+    aliases = "\n".join(f"  {a:<{width}} -> {b}" for a, b in VERL_ALIASES)
+    return ("config fields (set with --config FILE.yaml or key=value):\n" + format_fields(TrainConfig, 44)
+            + "\n\nveRL names accepted for the same fields (file or key=value):\n" + aliases)

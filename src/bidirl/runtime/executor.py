@@ -95,6 +95,8 @@ class DeviceExecutor:
         self.reclaim_waits: list[dict] = []
         self.lost_devices: list[tuple[int, float]] = []
         self.on_step: Callable | None = None  # the reporter's hook, per finished step
+        self.validator = None  # runtime/validation.Validator when the run validates
+        self.sync_seconds: list[float] = []  # every weight sync's duration (timing_s/update_weights)
         self.rollout = RolloutDriver(self)
         self.trainer = TrainDriver(self)
 
@@ -158,6 +160,7 @@ class DeviceExecutor:
             pending["n"] -= 1
             if pending["n"] == 0:
                 self.version = version
+                self.sync_seconds.append(self.now() - t_start)
                 self.deliver(WeightsSynced(a.version, self.now() - t_start))
 
         if not targets:
@@ -167,6 +170,13 @@ class DeviceExecutor:
             self.rollout.version[u] = version
             self.calls.issue(self.unit_device(u), done, ("rollout", "weight sync"), "call",
                              "rollout", "update_weights", w, version, on_lost=lambda: done(None))
+        self.replica_weights_changed()
+
+    def replica_weights_changed(self) -> None:
+        """A replica was given new weights (its update call is queued): a validation waiting
+        for that version may go (behind it on the device)."""
+        if self.validator is not None:
+            self.validator.poke()
 
     # -- borrowing ----------------------------------------------------------------------
     def _lend(self, a: Lend) -> None:
@@ -240,6 +250,7 @@ class DeviceExecutor:
                          **{**self.job.rollout_kwargs, "weights": [self.primary_weights()],
                             "version": self.version})
         self.rollout.version[u] = self.version
+        self.replica_weights_changed()
         self.aux_version.pop(dev, None)
         was = self.hosting.status[u]
         role = self.hosting.lost(u)

@@ -14,6 +14,8 @@ reward*.  By ``data.on_bad_reward`` it is either a :class:`BadRewardError` namin
 its prompt, the response index and text and the value (``"error"``, the default: one NaN
 reward would otherwise turn its whole group's advantages, then every weight, into NaN), or
 scored 0 and counted per group (``"zero"``; the reporter logs ``reward/bad_count``).
+A dict's other finite numbers (veRL's extra keys, e.g. ``{"score": 1.0, "acc": 1}``) are
+kept per response and logged by the reporter as ``reward/extra/<key>`` means per step.
 """
 
 from __future__ import annotations
@@ -80,6 +82,21 @@ def describe_bad_reward(raw: Any) -> str:
     return f"returned {_one_line(repr(raw), 80)} ({kind})"
 
 
+def reward_extras(raw: Any) -> dict[str, float]:
+    """The finite numbers of a dict reward besides ``"score"`` (veRL's extra keys, e.g. ``acc``);
+    logged as ``reward/extra/<key>`` means.  Anything else in the dict is ignored."""
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for k, v in raw.items():
+        if k == "score":
+            continue
+        x = reward_value(v)
+        if x is not None:
+            out[str(k)] = x
+    return out
+
+
 def call_reward(reward_fn: Callable, data_source: str, solution_str: str, ground_truth: Any,
                 extra_info: dict) -> tuple[float | None, Any]:
     """(reward or None, what the function returned or raised)."""
@@ -119,6 +136,7 @@ class GroupRecord:
     partial: dict[int, ResponseResult] = field(default_factory=dict)
     rewards: dict[int, float] = field(default_factory=dict)
     bad: dict[int, str] = field(default_factory=dict)  # response index -> why it scored 0
+    extras: dict[int, dict[str, float]] = field(default_factory=dict)  # a dict reward's other numbers
 
     @property
     def complete(self) -> bool:
@@ -205,6 +223,7 @@ class GroupStore:
         if len(rec.rewards) < rec.n:
             policy = on_bad_reward or getattr(reward_fn, "on_bad_reward", None) or self.on_bad_reward
             rec.bad.clear()
+            rec.extras.clear()
             for i in range(rec.n):
                 text = decode(rec.done[i].token_ids)
                 value, raw = call_reward(reward_fn, rec.data_source, text, rec.ground_truth, rec.extra_info)
@@ -223,12 +242,26 @@ class GroupStore:
                               file=sys.stderr)
                     rec.bad[i] = problem
                     value = 0.0
+                else:
+                    extras = reward_extras(raw)
+                    if extras:
+                        rec.extras[i] = extras
                 rec.rewards[i] = value
         return [rec.rewards[i] for i in range(rec.n)]
 
     def bad_count(self, group_ids) -> int:
         """Responses of these (scored) groups whose reward was bad and scored 0."""
         return sum(len(self.groups[g].bad) for g in group_ids if g in self.groups)
+
+    def extra_means(self, group_ids) -> dict[str, float]:
+        """Mean of each extra key of a dict reward over the responses of these groups that have it."""
+        sums: dict[str, list[float]] = {}
+        for g in group_ids:
+            rec = self.groups.get(g)
+            for extras in (rec.extras.values() if rec else ()):
+                for k, v in extras.items():
+                    sums.setdefault(k, []).append(v)
+        return {k: sum(v) / len(v) for k, v in sums.items()}
 
     def pop(self, group_id: int) -> GroupRecord:
         return self.groups.pop(group_id)
@@ -239,7 +272,7 @@ class GroupStore:
     # -- checkpoint -------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"n": self.n, "groups": [
-            {**{k: v for k, v in asdict(rec).items() if k not in ("done", "partial", "rewards", "bad")},
+            {**{k: v for k, v in asdict(rec).items() if k not in ("done", "partial", "rewards", "bad", "extras")},
              "done": [asdict(r) for r in rec.done.values()],
              "partial": [asdict(r) for r in rec.partial.values()]}
             for rec in self.groups.values()]}

@@ -114,7 +114,7 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
         ray.get(pg.ready(), timeout=120)
     except Exception as e:
         raise ConfigError(f"cluster: cannot place {n} device workers ({bundle} each): {e}") from None
-    cls = worker_class(num_cpus=1, num_gpus=share if gpu else 0)
+    cls = worker_class(num_cpus=1, num_gpus=share if gpu else 0, log_level=cfg.run.worker_log_level)
 
     def new_worker(d: int):
         """A worker for device ``d`` in its own placement bundle (also used to restart one)."""

@@ -1,7 +1,15 @@
 """Per-step reporting of a real run: metrics, progress line, ledger, checkpoints, outputs.
 
-Metric names follow veRL's dashboards (``timing_s/step``, ``perf/throughput``,
-``trainer/idle_ratio``...) so users can read them where they are used to.  The guards against bad numbers report
+Metric names are veRL's where veRL has the metric (``critic/score/mean|max|min``,
+``response_length/mean|max|min|clip_ratio``, ``prompt_length/mean|max|min``,
+``actor/entropy``, ``actor/lr``, ``actor/pg_loss``, ``actor/pg_clipfrac``,
+``actor/grad_norm``, ``timing_s/gen``, ``timing_s/update_actor``,
+``timing_s/update_weights``, ``timing_s/step``, ``perf/throughput``,
+``perf/total_num_tokens``) so users read them where they are used to; ``reward/mean|max|min``
+(the same numbers as ``critic/score/*``) stay for the tests and benches that read them.
+A dict reward's extra keys are logged as ``reward/extra/<key>`` means.  Validation
+(``runtime/validation.py``) logs ``val/*`` and ``val-core/*`` and writes ``samples.jsonl``
+with a few training responses every ``run.train_samples_every`` steps.  The guards against bad numbers report
 here too: ``reward/bad_count`` (rewards scored 0 under ``data.on_bad_reward=zero``) and
 ``actor/skipped_steps`` (steps skipped for a non-finite loss or gradient) per step, and
 their totals in ``summary.json`` (``reward_bad_count``, ``skipped_steps``).
@@ -24,13 +32,22 @@ import time
 from bidirl.obs.accounting import PoolTime, borrowed_seconds, pool_times
 from bidirl.obs.metrics import MetricsLogger
 from bidirl.obs.progress import ProgressLine
+from bidirl.obs.samples_log import SamplesLog
 
 
 class StepReporter:
     def __init__(self, session, rt, cfg) -> None:
         self.session, self.rt, self.cfg = session, rt, cfg
-        self.metrics = MetricsLogger(session.run_dir, tensorboard="auto" if cfg.run.tensorboard else "none")
+        wandb = None
+        if cfg.run.wandb:
+            wandb = {"project": cfg.run.wandb_project, "name": cfg.run.wandb_name, "config": cfg.to_dict()}
+        self.metrics = MetricsLogger(session.run_dir, tensorboard="auto" if cfg.run.tensorboard else "none",
+                                     wandb=wandb)
         self.progress = ProgressLine(cfg.run.steps, start_step=session.start_step)
+        self.samples = SamplesLog(session.run_dir)
+        self.decode_prompt = None  # set by the session: prompt ids -> text, template included
+        self.val_score: float | None = None  # the latest validation's, for the progress line
+        self._seen_syncs = 0
         self.ledger = session.ledger_path.open("a")
         self._last_t = 0.0
         self._seen_admissions = 0
@@ -44,9 +61,14 @@ class StepReporter:
         for g, st in zip(rec.group_ids, rec.staleness):
             self.ledger.write(json.dumps({"group": g, "step": rec.step, "staleness": st}) + "\n")
         self.ledger.flush()
-        bad = rt.job.store.bad_count(rec.group_ids)  # before the groups are retired
+        store = rt.job.store
+        bad = store.bad_count(rec.group_ids)  # before the groups are retired
+        extras = store.extra_means(rec.group_ids)
+        lengths = [len(store.groups[g].done[i].token_ids) for g in rec.group_ids for i in range(store.n)]
+        prompts = [len(store.groups[g].prompt_ids) for g in rec.group_ids]
+        self._train_samples(rec)
         for g in rec.group_ids:
-            rt.job.store.pop(g)
+            store.pop(g)
         reward = statistics.mean(rec.rewards)
         s.rewards_by_step[rec.step] = reward
         now = rt.now()
@@ -57,14 +79,22 @@ class StepReporter:
         sw = {}
         for kind, secs in rt.switches:
             sw.setdefault(kind, []).append(secs)
+        max_new = cfg.rollout.max_new_tokens
         m = {
             "reward/mean": reward,
             "reward/max": max(rec.rewards), "reward/min": min(rec.rewards),
+            "critic/score/mean": reward,
+            "critic/score/max": max(rec.rewards), "critic/score/min": min(rec.rewards),
             "reward/bad_count": bad,
+            "response_length/mean": statistics.fmean(lengths),
+            "response_length/max": max(lengths), "response_length/min": min(lengths),
+            "response_length/clip_ratio": sum(n >= max_new for n in lengths) / len(lengths),
+            "prompt_length/mean": statistics.fmean(prompts),
+            "prompt_length/max": max(prompts), "prompt_length/min": min(prompts),
             "timing_s/step": step_s,
-            "timing_s/train": rec.finished_s - rec.started_s,
+            "timing_s/update_actor": rec.finished_s - rec.started_s,
             "perf/throughput": rec.total_tokens / step_s if step_s > 0 else 0.0,
-            "perf/response_tokens": rec.response_tokens,
+            "perf/total_num_tokens": rec.total_tokens,
             "trainer/idle_ratio": ratios.get("train", 0.0),
             "rollout/idle_ratio": ratios.get("rollout", 0.0),
             "staleness/mean": statistics.mean(rec.staleness),
@@ -73,9 +103,20 @@ class StepReporter:
             "stage_model/decode_median_error": est.rollout.decode.median_rel_error(),
             "stage_model/train_median_error": est.train.micro.median_rel_error(),
         }
-        for k in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "skipped_steps"):
+        for k, name in (("loss", "loss"), ("pg_loss", "pg_loss"), ("clip_frac", "pg_clipfrac"),
+                        ("kl_ref", "kl_loss"), ("kl_behaviour", "kl_behaviour"), ("entropy", "entropy"),
+                        ("lr", "lr"), ("grad_norm", "grad_norm"), ("skipped_steps", "skipped_steps")):
             if k in rec.metrics:
-                m[f"actor/{k}"] = rec.metrics[k]
+                m[f"actor/{name}"] = rec.metrics[k]
+        for k, v in extras.items():
+            m[f"reward/extra/{k}"] = v
+        gen = rt.rollout.gen_seconds(rec.group_ids)
+        if gen is not None:
+            m["timing_s/gen"] = gen
+        syncs = rt.sync_seconds[self._seen_syncs:]
+        self._seen_syncs = len(rt.sync_seconds)
+        if syncs:
+            m["timing_s/update_weights"] = statistics.fmean(syncs)
         if rec.metrics.get("skipped"):
             print(f"[bidirl] warning: step {rec.step}: non-finite loss {rec.metrics.get('loss')} or grad norm "
                   f"{rec.metrics.get('grad_norm')}; the step was skipped (trainer.on_nonfinite=skip), "
@@ -104,16 +145,53 @@ class StepReporter:
         for k, v in self._borrowed.items():
             m[f"borrow/{k}_s"] = v
         self.metrics.log(rec.step, m)
-        self.progress.update(rec.step + 1, reward=reward, tokens_per_s=m["perf/throughput"],
-                             idle_ratios=ratios, staleness_mean=m["staleness/mean"],
-                             staleness_max=m["staleness/max"])
+        self.progress.update(rec.step + 1, reward=reward, val_score=self.val_score,
+                             tokens_per_s=m["perf/throughput"], idle_ratios=ratios,
+                             staleness_mean=m["staleness/mean"], staleness_max=m["staleness/max"])
         s.boundary = rec.step + 1
+        val = rt.validator
+        if val is not None and cfg.run.val_every and s.boundary % cfg.run.val_every == 0 \
+                and s.boundary < cfg.run.steps:  # the last step's is the final validation, after the loop
+            val.request(s.boundary)
         every = cfg.run.checkpoint_every
         if (every and s.boundary % every == 0) or s.boundary == cfg.run.steps:  # the last step always
             s.checkpoint(s.boundary, rt)
         if s.stop.requested and s.stopped_at is None and s.boundary < cfg.run.steps:
             s.checkpoint_boundary(rt)  # a signal: this boundary is where the run stops
             s.stopped_at = s.boundary
+
+    def on_validation(self, result) -> None:
+        """A scored validation (``validation.ValResult``): metrics at step = its version, samples."""
+        self.val_score = result.score
+        self.metrics.log(result.version, result.metrics)
+        self._write_samples(result.version, "val", result.samples[:self.cfg.run.val_samples])
+
+    def _train_samples(self, rec) -> None:
+        """A few of this step's responses (one per group) into ``samples.jsonl``, every
+        ``run.train_samples_every`` steps."""
+        cfg, store = self.cfg, self.rt.job.store
+        every, n = cfg.run.train_samples_every, cfg.run.train_samples
+        if not every or not n or rec.step % every:
+            return
+        out = []
+        for g in rec.group_ids[:n]:
+            grp = store.groups[g]
+            r = grp.done[0]
+            prompt = self.decode_prompt(grp.prompt_ids) if self.decode_prompt else str(grp.prompt_ids)
+            out.append({"kind": "train", "step": rec.step, "version": min(r.versions) if r.versions else None,
+                        "data_source": grp.data_source, "prompt": prompt,
+                        "response": self.rt.job.decode(r.token_ids), "score": grp.rewards.get(0),
+                        "ground_truth": grp.ground_truth if isinstance(grp.ground_truth, (str, int, float))
+                        else str(grp.ground_truth)})
+        self._write_samples(rec.step, "train", out)
+
+    def _write_samples(self, step: int, kind: str, records: list[dict]) -> None:
+        if not records:
+            return
+        self.samples.write(records)
+        text = "\n\n".join(f"**prompt** {r['prompt']!r}  \n**response** {r['response']!r}  \n"
+                            f"**score** {r['score']}" for r in records)
+        self.metrics.log_text(step, f"samples/{kind}", text)
 
     def _absorb_intervals(self, intervals: list) -> dict[str, float]:
         """Add the intervals closed since the last step to running totals; idle ratios so far.
@@ -143,12 +221,17 @@ class StepReporter:
             if "reward/mean" in r and r["step"] < self.cfg.run.steps:
                 by_step[r["step"]] = r
         last = by_step[max(by_step)] if by_step else {}
+        vals = {r["step"]: r["val/score/mean"] for r in read_metrics(self.session.run_dir)
+                if "val/score/mean" in r}
         return {"reward_bad_count": int(sum(r.get("reward/bad_count", 0) for r in by_step.values())),
-                "skipped_steps": int(last.get("actor/skipped_steps", 0))}
+                "skipped_steps": int(last.get("actor/skipped_steps", 0)),
+                "val_score": vals[max(vals)] if vals else None,
+                "val_scores": [{"step": k, "score": vals[k]} for k in sorted(vals)]}
 
     def close(self) -> None:
         self.progress.close()
         self.ledger.close()
+        self.samples.close()
 
     def finish(self, summary: dict, intervals, final_step: int | None = None) -> None:
         """Final metrics (logged at ``final_step``: ``run.steps``, or where a stopped run

@@ -24,13 +24,17 @@ class RolloutDriver:
         self.running = [0] * n  # responses submitted to the unit's engine and not yet back
         self.run_handle: list = [None] * n  # the poll in flight
         self.groups: list[set[int]] = [set() for _ in range(n)]  # global ids of its groups
+        self.assigned_at: dict[int, float] = {}  # global id -> first assignment (timing_s/gen)
+        self.completed_at: dict[int, float] = {}  # global id -> completion
 
     def assign(self, a: AssignGroups) -> None:
         ex, u = self.ex, a.replica
         store, goff = ex.job.store, ex.job.group_offset
         reqs = []
+        now = ex.now()
         for gid in a.group_ids:
             g = gid + goff
+            self.assigned_at.setdefault(g, now)
             if g not in store.groups:
                 ex.job.new_group(g)
             self.groups[u].add(g)
@@ -75,11 +79,20 @@ class RolloutDriver:
                 sum(s for _, _, s in m)))
 
     def _completed(self, u: int, gids: list[int]) -> GroupsCompleted:
-        store = self.ex.job.store
+        store, now = self.ex.job.store, self.ex.now()
         for g in gids:
             self.groups[u].discard(g)
+            self.completed_at[g] = now
         lengths = tuple(tuple(len(store.groups[g].done[i].token_ids) for i in range(store.n)) for g in gids)
         return GroupsCompleted(u, tuple(g - self.ex.job.group_offset for g in gids), lengths)
+
+    def gen_seconds(self, gids) -> float | None:
+        """Wall seconds from the first assignment of any of these groups to the last completion
+        (veRL's ``timing_s/gen`` for a batch; overlapping other work when asynchronous); their
+        times are dropped."""
+        starts = [self.assigned_at.pop(g) for g in gids if g in self.assigned_at]
+        ends = [self.completed_at.pop(g) for g in gids if g in self.completed_at]
+        return max(ends) - min(starts) if starts and ends else None
 
     def catch_up(self, u: int) -> None:
         """A replica home from lending: load the newest weights if it missed a sync."""
@@ -89,6 +102,7 @@ class RolloutDriver:
             ex.calls.issue(dev, lambda _: None, ("rollout", "weight sync"), "call", "rollout",
                            "update_weights", ex.primary_weights(), ex.version)
             self.version[u] = ex.version
+            ex.replica_weights_changed()
 
     def reclaimed(self, u: int, partials: list) -> None:
         """A borrowed replica was released: what finished is kept, partial prefixes go back."""

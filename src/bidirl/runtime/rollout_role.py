@@ -73,15 +73,17 @@ class RolloutRole:
 
     def __init__(self, model_dir: str, *, max_num_seqs: int = 128, max_model_len: int = 512,
                  dtype: str = "float32", seed: int = 0, device: str = "cpu",
-                 kv_cache_bytes: int = 256 << 20) -> None:
+                 kv_cache_bytes: int = 256 << 20, top_p: float = 1.0, top_k: int = -1) -> None:
         apply_vllm_env()
         from vllm import LLM
 
         self.version = 0
         self.model_dir = model_dir
+        self.top_p, self.top_k = top_p, top_k  # rollout.top_p / top_k, for every training request
         self._llm = LLM(model=model_dir, dtype=dtype, distributed_executor_backend="uni",
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         enforce_eager=True, seed=seed, enable_prefix_caching=False,
+                        use_tqdm_on_load=False,
                         # Explicit: otherwise vLLM sizes the KV cache from (shared) host memory.
                         kv_cache_memory_bytes=kv_cache_bytes)
         self._engine = self._llm.llm_engine
@@ -203,6 +205,41 @@ class RolloutRole:
 
     set_weights = update_weights  # the name every role's weight refresh has (worker.host)
 
+    def validate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
+                 seed: int = 0) -> dict:
+        """One response per prompt with the current weights, outside the training requests.
+
+        The training requests in flight are set aside (aborted, their progress kept) while the
+        validation requests run to completion, then re-submitted as after a weight update, so
+        their tokens and versions are unaffected.  Greedy at ``temperature=0``.
+        """
+        from vllm import SamplingParams
+
+        with self._control():  # the generating thread waits while validation has the engine
+            t0 = time.perf_counter()
+            held = list(self._live)
+            if held:
+                self._engine.abort_request(held)
+            aside = [self._forget(rid) for rid in held]
+            self._restarts += 1
+            ids = [f"val{self._restarts}.{i}" for i in range(len(prompts))]
+            for i, (rid, prompt) in enumerate(zip(ids, prompts, strict=True)):
+                sp = SamplingParams(max_tokens=max_new_tokens, temperature=temperature,
+                                    seed=None if temperature == 0 else seed + i)
+                self._engine.add_request(rid, {"prompt_token_ids": list(prompt)}, sp)
+            out: dict[str, list[int]] = {}
+            reasons: dict[str, str | None] = {}
+            while len(out) < len(ids):
+                for o in self._engine.step():
+                    if o.finished and o.request_id.startswith("val"):
+                        out[o.request_id] = list(o.outputs[0].token_ids)
+                        reasons[o.request_id] = o.outputs[0].finish_reason
+            for r, res in aside:
+                self._restarts += 1
+                self._add(f"{r.request_id}.u{self._restarts}", r, res)
+            return {"version": self.version, "responses": [out[i] for i in ids],
+                    "finish_reasons": [reasons[i] for i in ids], "seconds": time.perf_counter() - t0}
+
     def sleep(self) -> None:
         """Give memory back while parked: KV cache on CUDA (vLLM sleep level 1)."""
         self.abort_all()
@@ -303,7 +340,7 @@ class RolloutRole:
         # A restarted response must not replay the random stream that made its prefix.
         seed = r.seed if done == len(r.prefix_ids) else (r.seed * 1_000_003 + done) & 0x7FFFFFFF
         sp = SamplingParams(max_tokens=r.max_new_tokens - done, temperature=r.temperature,
-                            logprobs=0, seed=seed)
+                            top_p=self.top_p, top_k=self.top_k, logprobs=0, seed=seed)
         context = r.prompt_ids + res.token_ids
         self._engine.add_request(rid, {"prompt_token_ids": context}, sp)
         self._live[rid], self._partial[rid], self._base[rid] = r, res, done

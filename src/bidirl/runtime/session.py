@@ -101,7 +101,10 @@ class TrainSession:
             raise ResumeError(f"--resume: run.steps={steps} is below the checkpoint's step {self.start_step}; "
                               f"give run.steps={self.start_step} or more")
         if self.start_step < steps:
+            from bidirl.obs.samples_log import truncate_samples
+
             self._truncate_ledger(self.start_step)
+            truncate_samples(self.run_dir, self.start_step)
             dropped = truncate_metrics(self.run_dir, self.start_step)
             if dropped:
                 print(f"[bidirl] metrics.jsonl: dropped {dropped} record(s) of steps from {self.start_step} on "
@@ -115,7 +118,7 @@ class TrainSession:
         from bidirl.runtime.cluster import ray_session
         from bidirl.runtime.group_store import GroupStore
         from bidirl.runtime.placement import check_machine_fits
-        from bidirl.runtime.train import fit_prompts, prepare_data, prepare_model, response_cap
+        from bidirl.runtime.train import fit_prompts, prepare_data, prepare_model, prepare_val_rows, response_cap
 
         check_machine_fits(self.cfg)  # before any data, model or Ray set-up
         cfg = self.cfg
@@ -125,9 +128,17 @@ class TrainSession:
                   file=sys.stderr)
             return {**self._summary(0.0, None, []), "finished": True}
         rows, reward_fn = prepare_data(cfg)  # bad data fails before any slow set-up
+        val_rows = prepare_val_rows(cfg)
         model_dir = prepare_model(cfg)
         tok = load_tokenizer(model_dir)
-        rows, self.prompt_lengths = fit_prompts(cfg, rows, tok, model_dir)  # before Ray and any worker
+        rows, self.prompt_lengths = fit_prompts(cfg, rows, tok, model_dir, val_rows)  # before Ray and any worker
+        self.val_set = None
+        if self.prompt_lengths.val_rows:
+            from bidirl.runtime.validation import ValSet
+
+            kept = list(self.prompt_lengths.val_rows)
+            self.val_set = ValSet(kept, [encode_prompt(tok, r.messages) for r in kept], cfg.rollout.max_new_tokens,
+                                  cfg.rollout.val_temperature, cfg.run.seed)
         cursor = PromptCursor(rows, seed=cfg.data.seed)
         store = GroupStore(cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
                            cfg.run.seed, cap_for=response_cap(cfg))
@@ -153,8 +164,11 @@ class TrainSession:
         def decode(ids):
             return tok.decode(ids, skip_special_tokens=True)
 
+        self._decode_prompt = lambda ids: tok.decode(ids, skip_special_tokens=False)
+
         self._cursor, self._store = cursor, store
-        with ray_session(cfg.cluster.ray_address, num_cpus=cfg.cluster.rollout_devices + cfg.cluster.train_devices):
+        with ray_session(cfg.cluster.ray_address, num_cpus=cfg.cluster.rollout_devices + cfg.cluster.train_devices,
+                         log_level=cfg.run.worker_log_level):
             self.stop.install()  # after ray.init, which sets its own SIGTERM handler
             try:
                 return self._run_cluster(model_dir, ckpt, remaining, store, new_group, reward_fn, decode)
@@ -175,10 +189,12 @@ class TrainSession:
         spec = build_spec(cfg, remaining, mean_prompt)
         rollout_kwargs = dict(model_dir=model_dir, max_num_seqs=cfg.rollout.max_num_seqs,
                               max_model_len=self.prompt_lengths.max_model_len,
-                              dtype=cfg.model.dtype, kv_cache_bytes=cfg.rollout.kv_cache_mb << 20)
+                              dtype=cfg.model.dtype, kv_cache_bytes=cfg.rollout.kv_cache_mb << 20,
+                              top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
         from bidirl.engines.trainer_config import NonFiniteStepError, trainer_wire
 
-        trainer_config = trainer_wire(cfg.trainer, device=cfg.cluster.device, seed=cfg.run.seed)
+        trainer_config = trainer_wire(cfg.trainer, device=cfg.cluster.device, seed=cfg.run.seed,
+                                      steps=cfg.run.steps)
         t_boot = time.perf_counter()
         workers, unit_device, train_devices, switch_measurements, new_worker = start_workers(
             cfg, spec, rollout_kwargs, model_dir, trainer_config, ckpt / "trainer" if ckpt else None)
@@ -199,12 +215,25 @@ class TrainSession:
         from bidirl.runtime.reporting import StepReporter
 
         reporter = StepReporter(self, rt, cfg)
+        reporter.decode_prompt = self._decode_prompt
         rt.on_step = reporter.on_step
+        if self.val_set is not None:
+            from bidirl.runtime.validation import Validator, score_validation
+
+            vs = self.val_set
+            rt.validator = Validator(rt, vs, lambda out: score_validation(vs, out, reward_fn, decode,
+                                                                          self._decode_prompt, cfg.run.val_samples),
+                                     reporter.on_validation)
+            every = cfg.run.val_every
+            if cfg.run.val_before_train or (self.start_step and every and self.start_step % every == 0):
+                rt.validator.request(self.start_step)  # the initial (or the checkpoint's) weights
         if self.stop.requested:  # a signal during the start-up: stop at the first boundary, this one
             self.stopped_at = self.start_step
         failed = None
         try:
             rt.run(should_stop=lambda: self.stopped_at is not None or self.stop.abandon)
+            if rt.validator is not None and controller.finished and cfg.run.val_every:
+                rt.validator.final(cfg.run.steps)  # the final weights, before the outputs are written
         except Exception as e:
             failed = nonfinite_step_error(e)
             if failed is None:
@@ -294,6 +323,8 @@ class TrainSession:
             **result, "wall_s": round(wall, 2),
             "reward_first": rewards[0] if rewards else None,
             "reward_last": statistics.mean(rewards[-3:]) if rewards else None,
+            "reward_first_50": statistics.mean(rewards[:50]) if rewards else None,
+            "reward_last_50": statistics.mean(rewards[-50:]) if rewards else None,
             "rewards": rewards,
             "groups_trained": audit["groups_trained"], "audit": audit, "audit_ok": audit["ok"],
             "idle_ratio": idle_ratios(intervals) if intervals else {},

@@ -76,6 +76,27 @@ def prepare_data(cfg: TrainConfig):
     return rows, reward_fn
 
 
+def prepare_val_rows(cfg: TrainConfig) -> list:
+    """The validation prompts: ``data.val_files`` (their first ``data.val_max_samples`` rows), or
+    a built-in task's ``split="test"`` rows; none when validation is off or there are none."""
+    from bidirl.algo import tasks as task_lib
+    from bidirl.algo.data import load_dataset, validate_row
+    from bidirl.runtime.validation import BUILTIN_VAL_ROWS
+
+    if not cfg.run.val_every and not cfg.run.val_before_train:
+        return []
+    n = cfg.data.val_max_samples
+    if cfg.data.val_files:
+        rows = [r for f in cfg.data.val_files for r in load_dataset(f)]
+        return rows if n < 0 else rows[:n]
+    if cfg.data.files:
+        return []  # user data with no validation files: nothing to validate on
+    task = task_lib.get_task(cfg.data.task)  # prepare_data has checked the name
+    n = BUILTIN_VAL_ROWS if n < 0 else n
+    return [validate_row(r, f"<task {task.name}, split test>", i)
+            for i, r in enumerate(task.rows(n, seed=cfg.data.seed, split="test"))]
+
+
 @dataclass(frozen=True)
 class PromptLengths:
     """The data's prompts as the rollout sees them, measured before any worker starts."""
@@ -89,7 +110,10 @@ class PromptLengths:
     longest: int
     """Tokens of the longest kept prompt."""
     max_model_len: int
-    """vLLM's context: the longest kept prompt + ``rollout.max_new_tokens``."""
+    """vLLM's context: the longest kept prompt (validation's included) + ``rollout.max_new_tokens``."""
+    val_rows: tuple = ()
+    """The validation rows kept (``data.max_prompt_length`` applies to them alike)."""
+    val_filtered: int = 0
 
 
 _CHUNK = 4096
@@ -142,8 +166,11 @@ def model_context(model_dir: str | Path | None) -> int | None:
     return int(mpe * max(1.0, float(factor))) if isinstance(factor, int | float) else mpe
 
 
-def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None = None):
+def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None = None, val_rows=()):
     """(kept rows, :class:`PromptLengths`): every prompt measured with the run's tokenizer.
+
+    ``val_rows`` (validation prompts) are measured and filtered by the same rule and count
+    towards ``max_model_len``; the kept ones are ``PromptLengths.val_rows``.
 
     A prompt longer than ``data.max_prompt_length`` is dropped and counted when
     ``data.filter_overlong_prompts`` is set, else it is a ``DataError`` naming the first such
@@ -171,8 +198,23 @@ def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None 
     kept = [r for r, n in zip(rows, lengths, strict=True) if n <= limit]
     kept_lengths = [n for n in lengths if n <= limit]
     longest = max(kept_lengths)
+    val_kept: list = []
+    val_over = 0
+    if val_rows:
+        vlen = prompt_token_lengths(tok, list(val_rows))
+        vover = [i for i, n in enumerate(vlen) if n > limit]
+        if vover and not cfg.data.filter_overlong_prompts:
+            first = val_rows[vover[0]]
+            raise DataError(f"{first.path or 'validation data'}: row {first.index}: validation prompt is "
+                            f"{vlen[vover[0]]} tokens (chat template applied), over data.max_prompt_length={limit} "
+                            f"({len(vover)} of {len(val_rows)} rows are); raise data.max_prompt_length "
+                            f"or set data.filter_overlong_prompts=true to drop them")
+        val_kept = [r for r, n in zip(val_rows, vlen, strict=True) if n <= limit]
+        val_over = len(vover)
+        longest = max([longest] + [n for n in vlen if n <= limit])
     fit = PromptLengths(kept=len(kept), filtered=len(over), mean=statistics.fmean(kept_lengths),
-                        longest=longest, max_model_len=longest + new)
+                        longest=longest, max_model_len=longest + new, val_rows=tuple(val_kept),
+                        val_filtered=val_over)
     context = model_context(model_dir)
     if context is not None and fit.max_model_len > context:
         raise ConfigError(f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({new}) = "
@@ -180,8 +222,19 @@ def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None 
                           f"(max_position_embeddings in {Path(model_dir) / 'config.json'}); set "
                           f"data.max_prompt_length<={context - new} with data.filter_overlong_prompts=true, "
                           f"or lower rollout.max_new_tokens")
+    val = ""
+    if fit.val_rows:
+        when = (["before training"] if cfg.run.val_before_train else []) + (
+            [f"every {cfg.run.val_every} steps"] if 0 < cfg.run.val_every < cfg.run.steps else []) + (
+            ["at the end"] if cfg.run.val_every else [])
+        every = ", ".join(when)
+        how = "greedy" if cfg.rollout.val_temperature == 0 else f"temperature {cfg.rollout.val_temperature:g}"
+        val = (f"; validation: {len(fit.val_rows)} prompts{f' ({val_over} dropped)' if val_over else ''}, "
+               f"{every}, {how}")
+    elif cfg.run.val_every and cfg.data.files and not cfg.data.val_files:
+        val = "; validation: off (no data.val_files)"
     print(f"[bidirl] prompts: {fit.kept} rows, mean {fit.mean:.1f} / longest {fit.longest} tokens"
-          f"{f', {fit.filtered} over data.max_prompt_length={limit} dropped' if fit.filtered else ''}; "
+          f"{f', {fit.filtered} over data.max_prompt_length={limit} dropped' if fit.filtered else ''}{val}; "
           f"vLLM max_model_len {fit.max_model_len}", file=sys.stderr)
     return kept, fit
 
@@ -223,7 +276,10 @@ def check_reward_fn(reward_fn, row) -> None:
 RESUME_SAFE = ("run.steps", "run.checkpoint_every", "run.tensorboard", "run.plot", "scheduler.policy", "cluster.",
                "run.keep_checkpoints", "rollout.max_num_seqs", "rollout.kv_cache_mb", "trainer.threads",
                "trainer.micro_batch_size",
-               "trainer.on_nonfinite", "data.on_bad_reward")
+               "trainer.on_nonfinite", "data.on_bad_reward",
+               "run.val_every", "run.val_before_train", "run.val_samples", "run.train_samples_every",
+               "run.train_samples", "run.wandb", "run.wandb_project", "run.wandb_name", "run.worker_log_level",
+               "data.val_files", "data.val_max_samples", "rollout.val_temperature")
 """Fields ``--resume DIR key=value`` may change (a name ending in ``.``: its whole section).
 
 They change how the rest of the run is carried out, not what it is: the length
@@ -231,7 +287,10 @@ They change how the rest of the run is carried out, not what it is: the length
 scheduling policy, the cluster (devices, Ray address, prewarm), vLLM's capacity
 (``rollout.max_num_seqs``, ``rollout.kv_cache_mb``), the trainer's threads and
 micro-batch size (the update is the same sum), what a non-finite step does and what a
-bad reward scores.  Everything else is refused, because the checkpoint and the ledger of
+bad reward scores, and what is only reported (validation: ``run.val_*``, ``data.val_*``,
+``rollout.val_temperature``; samples, Weights & Biases, worker log level).  With a
+decaying ``trainer.lr_schedule`` and ``trainer.lr_decay_steps`` null, a longer
+``run.steps`` stretches the rest of the schedule.  Everything else is refused, because the checkpoint and the ledger of
 trained groups depend on it: group ids and sizes (``rollout.prompts_per_step``,
 ``rollout.group_size``), the prompt sequence and rewards (``data.*``), the samples
 (``rollout.max_new_tokens``, ``rollout.temperature``, ``run.seed``), the staleness
@@ -286,7 +345,15 @@ def main(args, wrap_backend=None) -> int:
     """
     from bidirl.runtime.session import TrainSession
 
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading bars (warm start)
     overrides = list(args.overrides or [])
+    if getattr(args, "print_config", False):
+        path = str(resolve_run_dir(None, args.resume, None) / "config.yaml") if args.resume else args.config
+        cfg = load_config(path, overrides)
+        if args.resume:
+            check_resume_overrides(load_config(path, []), cfg)
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+        return 0
     if args.resume:
         given = [f for f, v in (("--config", args.config), ("--run-dir", args.run_dir)) if v]
         if given:
@@ -308,8 +375,9 @@ def main(args, wrap_backend=None) -> int:
     if args.ray_address:
         cfg.cluster.ray_address = args.ray_address
     summary = session.run()
-    print(json.dumps({k: summary[k] for k in ("steps", "wall_s", "reward_first", "reward_last",
-                                              "throughput_tokens_per_s", "groups_trained", "audit_ok")}, indent=1))
+    print(json.dumps({k: summary.get(k) for k in ("steps", "wall_s", "reward_first_50", "reward_last_50", "val_score",
+                                                  "throughput_tokens_per_s", "groups_trained", "audit_ok")},
+                     indent=1))
     print(f"[bidirl] run directory: {run_dir}", file=sys.stderr)
     stopped = summary.get("stopped")
     if stopped:

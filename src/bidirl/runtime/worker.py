@@ -125,15 +125,16 @@ STREAM_GROUP = "stream"
 STREAM_METHODS = frozenset({"poll"})  # the worker methods that run in STREAM_GROUP
 
 
-def worker_class(num_cpus: float = 1, num_gpus: float = 0):
-    """The Ray actor class; one per device, one CPU core (or one GPU) each.
+def worker_class(num_cpus: float = 1, num_gpus: float = 0, log_level: str = "warning"):
+    """The Ray actor class; one per device, one CPU core (or one GPU) each; vLLM and
+    transformers log at ``log_level`` (``run.worker_log_level``) in it.
 
     Calls run one at a time, in order (``max_concurrency=1``), except ``poll``, which has
     its own thread (``STREAM_GROUP``) so that it can wait without holding the others up.
     """
     import ray
 
-    env = {"env_vars": vllm_env(threads=1)}
+    env = {"env_vars": vllm_env(threads=1, log_level=log_level)}
     return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=env,
                       max_concurrency=1, concurrency_groups={STREAM_GROUP: 1})(DeviceWorker)
 
