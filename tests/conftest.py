@@ -30,6 +30,24 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.fixture(scope="session")
+def qwen_dir(tmp_path_factory):
+    """A Qwen2.5-0.5B-shaped directory (tied embeddings, 14/2 heads of 32, BPE, ChatML), small."""
+    pytest.importorskip("transformers")
+    from bidirl.models import make_model
+
+    return make_model(tmp_path_factory.mktemp("models") / "qwen2.5-0.5b-small", "qwen2.5-0.5b", small=True)
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory):
+    """A Llama-3-shaped directory (untied, 8/2 heads of 32, BPE, Llama 3's template), small."""
+    pytest.importorskip("transformers")
+    from bidirl.models import make_model
+
+    return make_model(tmp_path_factory.mktemp("models") / "llama-3.1-8b-small", "llama-3.1-8b", small=True)
+
+
 def pytest_collection_modifyitems(config, items):
     if any("gpu" in item.keywords for item in items) and not _has_cuda():
         skip = pytest.mark.skip(reason="needs a CUDA device")

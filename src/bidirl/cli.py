@@ -1,4 +1,4 @@
-"""The ``bidirl`` command: simulate, plan and train.
+"""The ``bidirl`` command: simulate, plan, train, export and make-model.
 
 Each subcommand lives in a small function; heavy imports (torch, vLLM, Ray, matplotlib)
 happen only inside the subcommand that needs them, so ``bidirl simulate`` starts fast.
@@ -137,6 +137,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     return train_main(args)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from bidirl.runtime.checkpoints import export_model
+
+    src = export_model(Path(args.run_dir), Path(args.out), args.step)
+    print(f"[bidirl] exported {src} -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    try:
+        from bidirl.models.make import make_model, shape_of
+    except ImportError as e:
+        raise UserError(f"bidirl make-model needs torch and transformers: {e}") from e
+    fields = {"hidden_size": args.hidden, "intermediate_size": args.intermediate, "num_hidden_layers": args.layers,
+              "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads, "head_dim": args.head_dim,
+              "vocab_size": args.vocab, "max_position_embeddings": args.max_position_embeddings}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    try:
+        shape = shape_of(args.arch, args.small, **fields)
+        out = make_model(args.out, args.arch, small=args.small, seed=args.seed, dtype=args.dtype, **fields)
+    except (ValueError, FileExistsError) as e:
+        raise UserError(str(e)) from None
+    print(f"[bidirl] {args.arch}-shaped model (random weights) -> {out}: hidden {shape.hidden_size}, "
+          f"{shape.num_hidden_layers} layers, {shape.num_attention_heads}/{shape.num_key_value_heads} heads of "
+          f"{shape.head_dim}, tied embeddings {str(shape.tie_word_embeddings).lower()}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bidirl", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -179,6 +207,35 @@ def build_parser() -> argparse.ArgumentParser:
                    "and exit")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.lr=1e-5")
     t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("export", help="copy a run's checkpoint out as a Hugging Face model directory")
+    e.add_argument("run_dir", help="the run directory (bidirl train --run-dir)")
+    e.add_argument("out", help="a new (or empty) directory to write")
+    e.add_argument("--step", type=int, help="the checkpoint's step (default: the newest complete one)")
+    e.set_defaults(func=cmd_export)
+
+    from bidirl.models.make import ARCHS  # torch-free
+
+    m = sub.add_parser("make-model", help="write a model directory of a real architecture with random weights",
+                       description="Write a Hugging Face model directory of a real architecture (its config, "
+                       "tied or untied embeddings, head layout, a byte-level BPE tokenizer trained locally and "
+                       "the architecture's chat template) with random weights; nothing is downloaded.")
+    m.add_argument("out", help="a new directory to write")
+    m.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHS))
+    m.add_argument("--small", action="store_true", help="2 layers, heads of 32, the tokenizer's own vocabulary "
+                   "(same architecture, tying and head grouping): fast on a CPU")
+    m.add_argument("--hidden", type=int, help="hidden_size")
+    m.add_argument("--intermediate", type=int, help="intermediate_size (the MLP)")
+    m.add_argument("--layers", type=int, help="num_hidden_layers")
+    m.add_argument("--heads", type=int, help="num_attention_heads")
+    m.add_argument("--kv-heads", type=int, help="num_key_value_heads")
+    m.add_argument("--head-dim", type=int, help="head_dim (qwen2: hidden / heads)")
+    m.add_argument("--vocab", type=int, help="vocab_size (embedding rows; default: the architecture's, or the "
+                   "tokenizer's with --small)")
+    m.add_argument("--max-position-embeddings", type=int)
+    m.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    m.add_argument("--seed", type=int, default=0)
+    m.set_defaults(func=cmd_make_model)
     return p
 
 

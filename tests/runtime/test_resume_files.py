@@ -38,10 +38,17 @@ def _safetensors(path: Path, n_floats: int = 4) -> None:
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * (4 * n_floats))
 
 
-def _checkpoint(run: Path, step: int) -> Path:
+def _checkpoint(run: Path, step: int, legacy: bool = False) -> Path:
+    """A checkpoint as a run writes it: ``model/`` (a model directory) and ``trainer/``; or,
+    ``legacy``, as runs wrote it before model directories (the weights alone in ``trainer/``)."""
     ck = run / "checkpoints" / f"step_{step}"
     (ck / "trainer").mkdir(parents=True)
-    _safetensors(ck / "trainer" / "model.safetensors")
+    if legacy:
+        _safetensors(ck / "trainer" / "model.safetensors")
+    else:
+        (ck / "model").mkdir()
+        _safetensors(ck / "model" / "model.safetensors")
+        (ck / "model" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     with zipfile.ZipFile(ck / "trainer" / "optimizer.pt", "w") as z:
         z.writestr("data.pkl", b"x")
     (ck / "trainer" / "trainer_state.json").write_text(json.dumps({"version": step}))
@@ -121,7 +128,7 @@ def test_newest_usable_checkpoint_is_chosen(tmp_path):
     assert ck.name == "step_6" and state["next_step"] == 6
 
 
-@pytest.mark.parametrize("damage", ["state", "safetensors", "optimizer", "ledger", "torn_ledger_ok"])
+@pytest.mark.parametrize("damage", ["state", "safetensors", "config", "optimizer", "ledger", "torn_ledger_ok"])
 def test_damaged_newest_checkpoint_falls_back_to_the_older_one(tmp_path, capsys, damage):
     run = _run_dir(tmp_path, 6, checkpoints=(4, 6))
     newest = run / "checkpoints" / "step_6"
@@ -130,8 +137,10 @@ def test_damaged_newest_checkpoint_falls_back_to_the_older_one(tmp_path, capsys,
         text = (newest / "state.json").read_text()
         (newest / "state.json").write_text(text[: len(text) // 2])
     elif damage == "safetensors":
-        f = newest / "trainer" / "model.safetensors"
+        f = newest / "model" / "model.safetensors"
         f.write_bytes(f.read_bytes()[:-3])
+    elif damage == "config":
+        (newest / "model" / "config.json").write_text('{"model_ty')
     elif damage == "optimizer":
         f = newest / "trainer" / "optimizer.pt"
         f.write_bytes(f.read_bytes()[:10])
@@ -147,6 +156,48 @@ def test_damaged_newest_checkpoint_falls_back_to_the_older_one(tmp_path, capsys,
     assert ck.name == "step_4" and state["next_step"] == 4
     assert "step_6 is unusable" in err and "falling back" in err
     assert (newest / "DAMAGED").is_file() and not (newest / "COMPLETE").exists()
+
+
+def test_a_checkpoint_of_the_older_layout_still_resumes(tmp_path, capsys):
+    from bidirl.runtime.checkpoints import checkpoint_dirs, checkpoint_problem
+
+    run = _run_dir(tmp_path, 6)
+    old = _checkpoint(run, 6, legacy=True)
+    assert checkpoint_problem(old)[0] is None
+    assert checkpoint_dirs(old) == (old / "trainer", old / "trainer")
+    ck, _ = select_checkpoint(run / "checkpoints", run / "trained_groups.jsonl", PPS)
+    assert ck == old
+    (old / "trainer" / "model.safetensors").write_bytes(b"\1\0")
+    assert checkpoint_problem(old)[0].startswith("trainer/model.safetensors: ")
+
+
+def test_export_copies_the_newest_whole_model_directory(tmp_path, capsys):
+    from bidirl.cli import main
+
+    run = _run_dir(tmp_path, 6, checkpoints=(4, 6))
+    (run / "checkpoints" / "step_6" / "model" / "config.json").write_text("{")
+    assert main(["export", str(run), str(tmp_path / "out")]) == 0
+    assert "step_4" in capsys.readouterr().err, "the newest one's config is torn: the older one"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+    assert main(["export", str(run), str(tmp_path / "out")]) == 2, "the output exists"
+    assert main(["export", "--step", "5", str(run), str(tmp_path / "o5")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"bidirl export: error: --step: {run} has no complete checkpoint of step 5 (complete: 4, 6)"
+    assert main(["export", "--step", "6", str(run), str(tmp_path / "o6")]) == 2
+    assert "step_6: model/config.json: truncated or corrupt" in capsys.readouterr().err
+    assert not (tmp_path / "o6").exists()
+
+
+def test_publish_model_links_the_newest_checkpoint(tmp_path):
+    from bidirl.runtime.checkpoints import publish_model
+
+    run = _run_dir(tmp_path, 6, checkpoints=(4,))
+    assert publish_model(run).parent.name == "step_4"
+    _checkpoint(run, 6)
+    assert publish_model(run).parent.name == "step_6"
+    a, b = run / "model" / "model.safetensors", run / "checkpoints" / "step_6" / "model" / "model.safetensors"
+    assert a.read_bytes() == b.read_bytes()
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [], "no temporary left"
 
 
 def test_no_usable_checkpoint_is_a_one_line_error(tmp_path):
@@ -310,8 +361,8 @@ def test_a_refused_checkpoint_leaves_no_partial_directory(tmp_path):
         layout = Layout()
 
         def call_now(self, device, method, role, name, out):
-            Path(out).mkdir(parents=True)
-            (Path(out) / "model.safetensors").write_bytes(b"partial")
+            (Path(out) / "model").mkdir(parents=True)
+            (Path(out) / "model" / "model.safetensors").write_bytes(b"partial")
             raise NonFiniteWeightsError("refusing to write: NaN")
 
     with pytest.raises(NonFiniteWeightsError):

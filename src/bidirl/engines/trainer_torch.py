@@ -305,22 +305,24 @@ class TorchTrainer:
         if version is not None:
             self.version = int(version)
 
-    def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
-        """Weights as safetensors (HF names), optimizer via torch.save, version as JSON.
+    def save_checkpoint(self, ckpt_dir: str | Path, model_dir: str | Path | None = None) -> Path:
+        """The optimizer (``optimizer.pt``) and version (``trainer_state.json``) in ``ckpt_dir``;
+        the weights as a Hugging Face model directory (:meth:`save_pretrained`) in
+        ``model_dir``, by default ``ckpt_dir`` itself.
 
         Refuses (``NonFiniteWeightsError``, before writing anything) weights with NaN or inf.
         """
-        from safetensors.torch import save_file
-
         ckpt_dir = Path(ckpt_dir)
-        weights = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
-        self._check_finite(weights, ckpt_dir)
+        self._check_finite(self._state(), ckpt_dir)
+        self._write_model_dir(Path(model_dir) if model_dir is not None else ckpt_dir)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        save_file(weights, str(ckpt_dir / "model.safetensors"))
         torch.save(self.optimizer.state_dict(), ckpt_dir / "optimizer.pt")
         (ckpt_dir / "trainer_state.json").write_text(
             json.dumps({"version": self.version, "skipped_steps": self.skipped_steps}))
         return ckpt_dir
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def _check_finite(self, weights: dict[str, torch.Tensor], where: Path) -> None:
         bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
@@ -329,24 +331,52 @@ class TorchTrainer:
                 f"refusing to write {where}: {len(bad)} weight tensor(s) hold NaN/inf at version "
                 f"{self.version} (first: {bad[0]}); the last checkpoint written stays the good one")
 
-    def load_checkpoint(self, ckpt_dir: str | Path) -> None:
-        from safetensors.torch import load_file
-
+    def load_checkpoint(self, ckpt_dir: str | Path, model_dir: str | Path | None = None) -> None:
+        """What :meth:`save_checkpoint` wrote: the weights from ``model_dir`` (default
+        ``ckpt_dir``), the optimizer and version from ``ckpt_dir``."""
         ckpt_dir = Path(ckpt_dir)
-        self.model.load_state_dict(load_file(str(ckpt_dir / "model.safetensors")))
+        self._load_weights(Path(model_dir) if model_dir is not None else ckpt_dir)
         self.optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
         state = json.loads((ckpt_dir / "trainer_state.json").read_text())
         self.version = int(state["version"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
 
+    @torch.no_grad()
+    def _load_weights(self, model_dir: Path) -> None:
+        """A model directory is read back by ``transformers`` (the writer: tied weights and
+        any renaming on save are undone alike); a bare ``model.safetensors`` (checkpoints
+        before model directories) by safetensors, shared tensors allowed."""
+        if (model_dir / "config.json").is_file():
+            from transformers import AutoModelForCausalLM
+
+            saved = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+            self.model.load_state_dict(saved.state_dict())
+            del saved
+        else:
+            from safetensors.torch import load_model
+
+            load_model(self.model, str(model_dir / "model.safetensors"), device=self.device)
+
     def save_pretrained(self, out_dir: str | Path) -> Path:
-        """A complete HF model directory (weights + config + tokenizer files) for engines.
+        """A complete Hugging Face model directory: ``config.json``, ``generation_config.json``,
+        ``model.safetensors`` (tied embeddings stored once, as ``transformers`` stores them),
+        and the base model's tokenizer files and chat template; ``AutoModelForCausalLM``,
+        ``AutoTokenizer`` and ``vllm.LLM`` load it as is.
 
         Refuses weights with NaN or inf, like :meth:`save_checkpoint`."""
         out_dir = Path(out_dir)
-        self._check_finite({k: v.detach() for k, v in self.model.state_dict().items()}, out_dir)
-        self.model.save_pretrained(out_dir, safe_serialization=True)
+        self._check_finite(self._state(), out_dir)
+        return self._write_model_dir(out_dir)
+
+    def _write_model_dir(self, out_dir: Path) -> Path:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out_dir)  # safetensors; drops the tied copy (lm_head) itself
         for f in self.model_dir.iterdir():
-            if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "special_tokens_map.json"):
+            if f.is_file() and (f.name in TOKENIZER_FILES or f.name.startswith("tokenizer")):
                 shutil.copy2(f, out_dir / f.name)
         return out_dir
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+"""What a model directory holds beside the weights and configs for ``AutoTokenizer`` and vLLM."""

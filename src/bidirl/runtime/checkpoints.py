@@ -1,10 +1,18 @@
 """Checkpoint files on disk: reading them back, checking them, choosing one to resume from.
 
-A checkpoint ``step_<k>/`` is usable when its ``state.json`` parses and names its own step,
-its trainer files are whole (the safetensors header matches the file's size,
-``optimizer.pt`` is a whole zip) and the ledger holds every group of every step before it
-exactly once.  ``metrics.jsonl`` and the ledger are JSON lines; a torn last line (what a
-crash mid-write leaves) is dropped.
+A checkpoint ``step_<k>/`` holds ``model/``, a Hugging Face model directory
+(``config.json``, ``generation_config.json``, ``model.safetensors``, the tokenizer files and
+chat template) that ``AutoModelForCausalLM``, ``AutoTokenizer`` and ``vllm.LLM`` load as is;
+``trainer/`` with the optimizer (``optimizer.pt``) and the version (``trainer_state.json``);
+``state.json`` (prompt cursor, buffered and in-flight groups) and ``COMPLETE``.  Checkpoints
+written before model directories kept the weights in ``trainer/model.safetensors``; they
+still resume.
+
+A checkpoint is usable when its ``state.json`` parses and names its own step, its model and
+trainer files are whole (``config.json`` parses, each safetensors header matches its file's
+size, ``optimizer.pt`` is a whole zip) and the ledger holds every group of every step
+before it exactly once.  ``metrics.jsonl`` and the ledger are JSON lines; a torn last line
+(what a crash mid-write leaves) is dropped.
 """
 
 from __future__ import annotations
@@ -68,6 +76,44 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
+def checkpoint_dirs(ckpt: str | Path, writing: bool = False) -> tuple[Path, Path]:
+    """(trainer state directory, model directory) of checkpoint ``ckpt``: ``trainer/`` and
+    ``model/``, or ``trainer/`` for both in a checkpoint of the older layout."""
+    ckpt = Path(ckpt)
+    trainer, model = ckpt / "trainer", ckpt / "model"
+    if not writing and not model.is_dir() and (trainer / "model.safetensors").is_file():
+        return trainer, trainer
+    return trainer, model
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a model directory (the index's shards, or ``model.safetensors``)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError):
+            return [index]  # reported by model_problem as not a safetensors file
+        return [model_dir / s for s in shards]
+    return [model_dir / "model.safetensors"]
+
+
+def model_problem(model_dir: Path, prefix: str = "") -> str | None:
+    """Why ``model_dir`` is not a whole model directory (its config and weights), or None."""
+    if prefix != "trainer/":  # the older layout's trainer/ holds weights alone
+        try:
+            json.loads((model_dir / "config.json").read_text())["model_type"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"{prefix}config.json: {'missing' if isinstance(e, OSError) else 'truncated or corrupt'}"
+    for f in weight_files(model_dir):
+        if not f.is_file():
+            return f"{prefix}{f.name} missing"
+        bad = safetensors_problem(f)
+        if bad:
+            return f"{prefix}{bad}"
+    return None
+
+
 def checkpoint_problem(ckpt: Path) -> tuple[str | None, dict | None]:
     """(why a complete checkpoint cannot be resumed from, or None; its parsed state)."""
     try:
@@ -77,13 +123,13 @@ def checkpoint_problem(ckpt: Path) -> tuple[str | None, dict | None]:
     step = int(ckpt.name.split("_")[1])
     if not isinstance(state, dict) or state.get("next_step") != step or not {"cursor", "store"} <= set(state):
         return f"state.json does not describe step {step}", None
-    trainer = ckpt / "trainer"
-    for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
+    trainer, model = checkpoint_dirs(ckpt)
+    for name in ("optimizer.pt", "trainer_state.json"):
         if not (trainer / name).is_file():
             return f"trainer/{name} missing", None
-    bad = safetensors_problem(trainer / "model.safetensors")
+    bad = model_problem(model, f"{model.name}/")
     if bad:
-        return f"trainer/{bad}", None
+        return bad, None
     if not zipfile.is_zipfile(trainer / "optimizer.pt"):
         return "trainer/optimizer.pt: truncated or corrupt", None
     try:
@@ -149,3 +195,77 @@ def select_checkpoint(ckpt_root: Path, ledger_path: Path, prompts_per_step: int,
     reasons = [f"{c.name}: {why}" for c, why in unusable]
     raise ResumeError(f"--resume: no usable checkpoint in {ckpt_root} ({'; '.join(reasons)}); "
                       "start a new run, or repair the run directory")
+
+
+# -- model directories out of a run --------------------------------------------------------------
+def _copy_dir(src: Path, dst: Path, link: bool) -> None:
+    """Files of ``src`` into a fresh ``dst`` (hard links where ``link`` and the file system
+    allows: no second copy of the weights), written beside it and renamed into place."""
+    import shutil
+    import tempfile
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        for f in sorted(src.iterdir()):
+            if not f.is_file():
+                continue
+            try:
+                if not link:
+                    raise OSError
+                os.link(f, tmp / f.name)
+            except OSError:
+                shutil.copy2(f, tmp / f.name)
+        if dst.exists():
+            old = dst.with_name(f".{dst.name}.old.{os.getpid()}")
+            os.replace(dst, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def checkpoint_model(run_dir: Path, step: int | None = None) -> Path:
+    """The model directory of checkpoint ``step`` of ``run_dir`` (default: the newest complete
+    one whose model is whole); a one-line ``ConfigError`` when there is none."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir} is not a bidirl run directory (no config.yaml)")
+    done = complete_checkpoints(run_dir / "checkpoints")
+    if step is not None:
+        done = [c for c in done if c.name == f"step_{step}"]
+        if not done:
+            have = ", ".join(c.name.split("_")[1] for c in complete_checkpoints(run_dir / "checkpoints")) or "none"
+            raise ConfigError(f"--step: {run_dir} has no complete checkpoint of step {step} (complete: {have})")
+    problems = []
+    for ckpt in reversed(done):
+        model = ckpt / "model"
+        why = model_problem(model, "model/") if model.is_dir() else (
+            "written before checkpoints held model directories (weights only, in trainer/)")
+        if why is None:
+            return model
+        problems.append(f"{ckpt.name}: {why}")
+    raise ConfigError(f"{run_dir}: no checkpoint with a whole model directory"
+                      f"{' (' + '; '.join(problems) + ')' if problems else ' (no complete checkpoint yet)'}")
+
+
+def export_model(run_dir: Path, out: Path, step: int | None = None) -> Path:
+    """``bidirl export``: copy a checkpoint's model directory to ``out`` (which must not
+    exist or be empty); returns the checkpoint's model directory."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"export: {out} exists and is not an empty directory")
+    src = checkpoint_model(run_dir, step)
+    _copy_dir(src, out, link=False)
+    return src
+
+
+def publish_model(run_dir: Path) -> Path | None:
+    """``RUN_DIR/model/``: the newest checkpoint's model directory, as hard links (it outlives
+    the checkpoint's rotation without a second copy).  None when there is no checkpoint."""
+    try:
+        src = checkpoint_model(run_dir)
+    except ConfigError:
+        return None
+    _copy_dir(src, Path(run_dir) / "model", link=True)
+    return src

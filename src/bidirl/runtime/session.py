@@ -1,7 +1,8 @@
 """One real training run: workers, controller, runtime, metrics, checkpoints, outputs.
 
-Resuming: a checkpoint is taken at a step boundary and holds the primary trainer
-(weights as safetensors, optimizer, version), the prompt cursor, and every group that was
+Resuming: a checkpoint is taken at a step boundary and holds the primary trainer (its
+weights as a Hugging Face model directory ``model/``, its optimizer and version in
+``trainer/``), the prompt cursor, and every group that was
 created but not yet trained — complete ones with their responses, in-flight ones with
 their partial prefixes (snapshotted from the replicas without aborting them).  A resumed
 run starts a fresh controller whose group ids and versions are offset by the checkpoint's
@@ -9,9 +10,14 @@ step, so the scheduling state needs no serialisation, and the ledger of trained 
 and ``metrics.jsonl`` are cut back to the checkpoint: no group is lost, none is trained
 twice, no step is reported twice.
 
-Which checkpoint: the newest *usable* complete one (two are kept).  Usable means its
-``state.json`` parses and names its own step, its trainer files are whole (the
-safetensors header matches the file's size, ``optimizer.pt`` is a whole zip) and the
+The run's weights: when the run ends (finished or stopped), ``RUN_DIR/model/`` is the
+newest checkpoint's model directory (hard links: no second copy); ``bidirl export RUN_DIR
+[--step N] OUT`` copies any complete checkpoint's out.
+
+Which checkpoint: the newest *usable* complete one (``run.keep_checkpoints`` are kept).
+Usable means its ``state.json`` parses and names its own step, its model and trainer files
+are whole (``config.json`` parses, the safetensors header matches the file's size,
+``optimizer.pt`` is a whole zip) and the
 ledger holds every group of every step before it exactly once (a torn last line, what a
 crash mid-write leaves, is dropped).  An unusable one is reported, its ``COMPLETE`` marker
 renamed to ``DAMAGED`` (holding the reason) and the next older one is tried; complete
@@ -118,9 +124,17 @@ class TrainSession:
         from bidirl.runtime.cluster import ray_session
         from bidirl.runtime.group_store import GroupStore
         from bidirl.runtime.placement import check_machine_fits
-        from bidirl.runtime.train import fit_prompts, prepare_data, prepare_model, prepare_val_rows, response_cap
+        from bidirl.runtime.train import (
+            check_model_shape,
+            fit_prompts,
+            prepare_data,
+            prepare_model,
+            prepare_val_rows,
+            response_cap,
+        )
 
         check_machine_fits(self.cfg)  # before any data, model or Ray set-up
+        check_model_shape(self.cfg)
         cfg = self.cfg
         ckpt, state = self.prepare_resume() if self.resume else (None, None)
         if self.resume and self.start_step >= cfg.run.steps:
@@ -197,7 +211,7 @@ class TrainSession:
                                       steps=cfg.run.steps)
         t_boot = time.perf_counter()
         workers, unit_device, train_devices, switch_measurements, new_worker = start_workers(
-            cfg, spec, rollout_kwargs, model_dir, trainer_config, ckpt / "trainer" if ckpt else None)
+            cfg, spec, rollout_kwargs, model_dir, trainer_config, ckpt)
         print(f"[bidirl] {len(workers)} device workers up in {time.perf_counter() - t_boot:.1f} s "
               f"(policy {cfg.scheduler.policy}, staleness {cfg.scheduler.staleness})", file=sys.stderr)
         controller = Controller(spec, make_policy(cfg.scheduler.policy))
@@ -246,6 +260,7 @@ class TrainSession:
         if failed is not None:  # the weights are the last good ones; the step's groups are in the store
             self.checkpoint_boundary(rt)
         summary = self._summary(wall, rt, intervals, upto=None if finished else self.boundary)
+        summary["model_dir"] = self.publish_model()
         if not finished:
             summary["stopped"] = self._stop_record(failed)
         reporter.finish(summary, intervals, final_step=cfg.run.steps if finished else self.boundary)
@@ -256,6 +271,17 @@ class TrainSession:
                                      f"resume with: bidirl train --resume {self.run_dir} trainer.on_nonfinite=skip "
                                      "(or without the override, to stop at such a step again)")
         return summary
+
+    def publish_model(self) -> str | None:
+        """``RUN_DIR/model/``: the newest checkpoint's Hugging Face model directory."""
+        from bidirl.runtime.checkpoints import publish_model
+
+        src = publish_model(self.run_dir)
+        if src is None:
+            return None
+        print(f"[bidirl] model directory: {self.run_dir / 'model'} (checkpoint {src.parent.name}); "
+              "load it with AutoModelForCausalLM.from_pretrained or vllm.LLM", file=sys.stderr)
+        return str(self.run_dir / "model")
 
     def checkpoint_boundary(self, rt) -> None:
         """A checkpoint of ``self.boundary``, unless this session already wrote it."""
@@ -360,7 +386,7 @@ class TrainSession:
         return out
 
     def _write_checkpoint(self, out: Path, next_step: int, rt) -> None:
-        rt.call_now(rt.layout.train_devices[0], "call", "train", "save", str(out / "trainer"))
+        rt.call_now(rt.layout.train_devices[0], "call", "train", "save", str(out))
         partials = []
         for u in rt.rollout.serving():
             partials += rt.call_now(rt.unit_device(u), "call", "rollout", "snapshot")

@@ -166,6 +166,49 @@ def model_context(model_dir: str | Path | None) -> int | None:
     return int(mpe * max(1.0, float(factor))) if isinstance(factor, int | float) else mpe
 
 
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head sizes vLLM 0.32's CPU attention runs (``CPUAttentionBackend.get_supported_head_sizes``;
+``tests/runtime/test_real_models.py`` checks the two agree)."""
+TINY_HEADS = 4
+"""Attention heads of bidirl's tiny model (``build_tiny_model``'s default)."""
+
+
+def check_model_shape(cfg: TrainConfig) -> None:
+    """``ConfigError`` for a model vLLM cannot run on ``cluster.device``, before anything starts.
+
+    Without it a model whose attention head size vLLM's CPU backend lacks (16, say) dies with
+    a raw traceback from inside a worker after the whole start-up.  Reads ``config.json``
+    only (no torch, no vLLM).  On CUDA vLLM has a backend for every head size.
+    """
+    if cfg.model.path is None:
+        hidden = cfg.model.tiny_hidden
+        if hidden % TINY_HEADS:
+            raise ConfigError(f"model.tiny_hidden: must be a multiple of {TINY_HEADS} (the tiny model's "
+                              f"attention heads), got {hidden}")
+        head_dim, field, where = hidden // TINY_HEADS, "model.tiny_hidden", f"tiny_hidden {hidden} / {TINY_HEADS} heads"
+    else:
+        path = Path(cfg.model.path) / "config.json"
+        try:
+            hf = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"model.path: {path} is {'missing' if isinstance(e, OSError) else 'not JSON'}; "
+                              "a Hugging Face model directory has a config.json") from None
+        if isinstance(hf.get("text_config"), dict) and "num_attention_heads" not in hf:
+            hf = hf["text_config"]
+        try:
+            heads = int(hf["num_attention_heads"])
+            head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // heads)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return  # an architecture this check does not know: vLLM decides
+        field = "model.path"
+        where = (f"head_dim {hf['head_dim']}" if hf.get("head_dim") else
+                 f"hidden_size {hf.get('hidden_size')} / num_attention_heads {heads}") + f" in {path}"
+    if cfg.cluster.device == "cpu" and head_dim not in CPU_HEAD_SIZES:
+        raise ConfigError(f"{field}: attention head size {head_dim} ({where}) is not one vLLM's CPU attention "
+                          f"runs ({', '.join(map(str, CPU_HEAD_SIZES))}); use a model with one of them, "
+                          f"or cluster.device=cuda")
+
+
 def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None = None, val_rows=()):
     """(kept rows, :class:`PromptLengths`): every prompt measured with the run's tokenizer.
 

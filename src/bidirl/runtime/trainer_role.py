@@ -70,10 +70,18 @@ class TrainerRole:
         self.trainer.set_weights_numpy(weights, version)
 
     def save(self, ckpt_dir: str) -> str:
-        return str(self.trainer.save_checkpoint(ckpt_dir))
+        """Checkpoint ``step_<k>/``: ``model/`` (a Hugging Face model directory) and
+        ``trainer/`` (optimizer and version)."""
+        from bidirl.runtime.checkpoints import checkpoint_dirs
+
+        trainer_dir, model_dir = checkpoint_dirs(ckpt_dir, writing=True)
+        return str(self.trainer.save_checkpoint(trainer_dir, model_dir))
 
     def load(self, ckpt_dir: str) -> int:
-        self.trainer.load_checkpoint(ckpt_dir)
+        """Read what :meth:`save` wrote (or a checkpoint of the older layout, weights in ``trainer/``)."""
+        from bidirl.runtime.checkpoints import checkpoint_dirs
+
+        self.trainer.load_checkpoint(*checkpoint_dirs(ckpt_dir))
         return self.trainer.version
 
     def sleep(self) -> None:
