@@ -39,9 +39,32 @@ def engine_batching() -> dict:
     waits for the next step, and vLLM sizes the budget to at least ``max_model_len``, so
     every prompt fits a step.  CUDA generators rewind: chunked prefill stays on there.
     """
+    return {"enable_chunked_prefill": False} if vllm_on_cpu() else {}
+
+
+def vllm_on_cpu() -> bool:
     from vllm.platforms import current_platform
 
-    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
+    return current_platform.is_cpu()
+
+
+def repack_tied_lm_head(worker) -> int:
+    """Re-pack the output head of a tied model after a weight reload (vLLM on a CPU).
+
+    On a CPU vLLM multiplies by the output head through a packed copy of its weight (a
+    oneDNN or SGL handle made when the weights were processed).  A tied head shares the
+    embedding's parameter and loads nothing of its own, so a reload refreshes the embedding
+    in place while the head's packed copy keeps the old values: every token after a weight
+    sync would be sampled from the old head.  Called in the engine's worker through
+    ``collective_rpc``; returns how many heads were re-packed.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    model = getattr(worker, "worker", worker).model_runner.get_model()
+    heads = [m for m in model.modules() if isinstance(m, ParallelLMHead)]
+    for head in heads:
+        head.quant_method.process_weights_after_loading(head)
+    return len(heads)
 
 
 @dataclass
@@ -103,6 +126,8 @@ class RolloutRole:
                         # Explicit: otherwise vLLM sizes the KV cache from (shared) host memory.
                         kv_cache_memory_bytes=kv_cache_bytes, **engine_batching())
         self._engine = self._llm.llm_engine
+        hf = self._engine.vllm_config.model_config.hf_config
+        self._tied_cpu_head = vllm_on_cpu() and bool(getattr(hf.get_text_config(), "tie_word_embeddings", False))
         self._live: dict[str, ResponseRequest] = {}
         self._partial: dict[str, ResponseResult] = {}
         self._context: dict[str, int] = {}
@@ -201,6 +226,9 @@ class RolloutRole:
     def update_weights(self, named_arrays: dict, version: int) -> float:
         """Load new weights in place; requests in flight continue with them.
 
+        ``named_arrays`` are the trainer's parameters, by their Hugging Face names; a tied
+        model's holds the embedding alone (the head is the same parameter).
+
         Every token is computed by exactly one version: the KV cache of a live response was
         computed by the old weights, so each one is re-submitted as ``prompt + tokens so far``
         with the rest of its budget (one re-prefill each), and its later tokens and log-probs
@@ -214,6 +242,8 @@ class RolloutRole:
         with self._control():
             self._llm.collective_rpc("reload_weights",
                                      kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
+            if self._tied_cpu_head:
+                self._llm.collective_rpc(repack_tied_lm_head)
             self._llm.reset_prefix_cache()
             self.version = version
             self._restart_live()
