@@ -47,7 +47,7 @@ def test_nan_rewards_scored_zero_keep_the_model_finite(tmp_path, real_runtime_av
     total = sum(m["reward/bad_count"] for m in steps)
     assert total > 0 and summary["reward_bad_count"] == total
     assert summary["skipped_steps"] == 0, "the bad rewards were scored 0: nothing non-finite reached the trainer"
-    weights = load_file(str(run / "checkpoints" / "step_3" / "trainer" / "model.safetensors"))
+    weights = load_file(str(run / "checkpoints" / "step_3" / "model" / "model.safetensors"))
     assert weights and all(bool(torch.isfinite(w).all()) for w in weights.values())
     assert "scored 0" in out.stderr
 
