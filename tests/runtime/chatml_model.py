@@ -2,8 +2,10 @@
 learned merges and a ChatML chat template (``<|im_start|>user\\n...<|im_end|>\\n``).
 
 Built in-process (no download): the BPE is trained on a few hundred made-up words, the
-``config.json`` is a ``Qwen2Config``.  No weights are written: measuring prompts needs only
-the tokenizer and the config (``runtime.train.fit_prompts``).
+``config.json`` is a ``Qwen2Config`` (heads of 32, a size vLLM's CPU attention runs:
+``train.check_model_shape``).  No weights are written: measuring prompts needs only the
+tokenizer and the config (``runtime.train.fit_prompts``).  For whole model directories of
+real architectures see ``bidirl.models.make_model``.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def build_chatml_model(out_dir: str | Path, max_position_embeddings: int = 1024,
     tok.chat_template = CHATML
     tok.save_pretrained(out_dir)
     Qwen2Config(vocab_size=core.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_position_embeddings,
                 tie_word_embeddings=True, eos_token_id=core.token_to_id("<|im_end|>"),
                 pad_token_id=core.token_to_id("<|endoftext|>")).save_pretrained(out_dir)
     return out_dir, core
