@@ -36,6 +36,7 @@ import math
 import shutil
 import warnings
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -349,7 +350,8 @@ class TorchTrainer:
         if (model_dir / "config.json").is_file():
             from transformers import AutoModelForCausalLM
 
-            saved = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+            with _no_progress_bars():
+                saved = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
             self.model.load_state_dict(saved.state_dict())
             del saved
         else:
@@ -370,7 +372,8 @@ class TorchTrainer:
 
     def _write_model_dir(self, out_dir: Path) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out_dir)  # safetensors; drops the tied copy (lm_head) itself
+        with _no_progress_bars():  # a bar per checkpoint in the console otherwise
+            self.model.save_pretrained(out_dir)  # safetensors; drops the tied copy (lm_head) itself
         for f in self.model_dir.iterdir():
             if f.is_file() and (f.name in TOKENIZER_FILES or f.name.startswith("tokenizer")):
                 shutil.copy2(f, out_dir / f.name)
@@ -380,3 +383,17 @@ class TorchTrainer:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
 """What a model directory holds beside the weights and configs for ``AutoTokenizer`` and vLLM."""
+
+
+@contextmanager
+def _no_progress_bars():
+    """``transformers``' progress bars off for a save or load, as they were afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
