@@ -146,6 +146,9 @@ class RolloutRole:
         self._stepping = False  # the engine is in step(), outside the lock
         self._closed = False
         self._error: BaseException | None = None
+        import torch
+
+        self._threads = torch.get_num_threads()  # what the engine was built with (vLLM sets it)
         self._thread = threading.Thread(target=self._generate, name="rollout-generate", daemon=True)
         self._thread.start()
 
@@ -344,7 +347,16 @@ class RolloutRole:
 
         The engine step runs outside the condition's lock (``_stepping`` marks it), so a
         poll can drain the outbox while the next step runs.
+
+        The thread first takes the engine's thread count: OpenMP's is per thread, a new
+        thread starts with the machine's, and once any ``torch.set_num_threads`` ran in the
+        process (a trainer, vLLM itself) the first parallel torch op in this thread switches
+        it to that value mid-step, and vLLM's CPU attention, which planned with the other,
+        fails (``Check failed: input->metadata->thread_num == thread_num (2 vs. 1)``).
         """
+        from bidirl.engines.trainer_torch import set_torch_threads
+
+        set_torch_threads(self._threads)
         while True:
             with self._cv:
                 while not self._closed and (self._waiting or self._paused or not self._live
