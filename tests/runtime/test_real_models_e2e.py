@@ -1,10 +1,11 @@
 """End to end with real architectures: ``bidirl train`` on veRL-layout parquet of 150-300-token
 prompts, a Qwen2.5-0.5B-shaped directory with tied embeddings and a Llama-shaped untied one.
 
-The Qwen run is killed (SIGKILL, no chance to clean up) after its first checkpoint, resumed
-from it, and its weights come out as Hugging Face model directories (``RUN_DIR/model`` and
-``bidirl export``) that ``AutoModelForCausalLM``, ``AutoTokenizer`` and ``vllm.LLM`` load as
-they are, greedy vLLM agreeing with the HF model token for token.  Before, such a run died at
+The Qwen run validates on a held-out parquet, is killed (SIGKILL, no chance to clean up)
+after its first checkpoint, resumed from it, and its weights come out as Hugging Face model
+directories (``RUN_DIR/model`` and ``bidirl export``) that ``AutoModelForCausalLM``,
+``AutoTokenizer`` and ``vllm.LLM`` load as they are, greedy vLLM agreeing with the HF model
+token for token.  Before, such a run died at
 its first checkpoint ("Some tensors share memory") and no checkpoint was a model directory.
 """
 
@@ -60,8 +61,10 @@ def data(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("data")
     pd.DataFrame(verl_rows(64)).to_parquet(d / "train.parquet")
+    pd.DataFrame(verl_rows(6, seed=1)).to_parquet(d / "val.parquet")
     (d / "reward.py").write_text(REWARD)
-    return [f"data.files={d / 'train.parquet'}", f"data.reward_fn={d / 'reward.py'}"]
+    return [f"data.files={d / 'train.parquet'}", f"data.val_files={d / 'val.parquet'}",
+            f"data.reward_fn={d / 'reward.py'}"]
 
 
 def _prompt_lengths(stderr: str) -> tuple[float, int]:
@@ -98,7 +101,7 @@ def test_tied_qwen_trains_is_killed_resumes_and_exports_model_directories(tmp_pa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run = tmp_path / "run"
-    args = [*ARGS, f"model.path={qwen_dir}", *data, "run.steps=40", "run.checkpoint_every=1"]
+    args = [*ARGS, f"model.path={qwen_dir}", *data, "run.steps=40", "run.checkpoint_every=1", "run.val_every=2"]
     _train_until_checkpoint_then_kill(run, args, 1, tmp_path / "stderr.txt")  # maybe while writing step_2
     mean, longest = _prompt_lengths((tmp_path / "stderr.txt").read_text())
     assert 150 <= mean and longest <= 300, (mean, longest)
@@ -110,6 +113,7 @@ def test_tied_qwen_trains_is_killed_resumes_and_exports_model_directories(tmp_pa
     summary = json.loads((run / "summary.json").read_text())
     assert summary["audit_ok"] and _groups(run) == list(range(2 * PPS)), "no group lost, none trained twice"
     assert [m["step"] for m in read_metrics(run) if "reward/mean" in m] == [0, 1]
+    assert [m["val/prompts"] for m in read_metrics(run) if "val/score/mean" in m][-1] == 6, "validated"
     assert summary["model_dir"] == str(run / "model")
 
     ckpt = run / "checkpoints" / "step_2"
