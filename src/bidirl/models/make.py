@@ -251,7 +251,10 @@ def make_model(out_dir: str | Path, arch: str = "qwen2.5-0.5b", *, small: bool =
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        model.save_pretrained(tmp)
+        from bidirl.engines.trainer_torch import _no_progress_bars
+
+        with _no_progress_bars():
+            model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         _set_tokenizer_class(tmp, "Qwen2Tokenizer" if shape.model_type == "qwen2" else "PreTrainedTokenizerFast")
         if out_dir.exists():
