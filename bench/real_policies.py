@@ -51,8 +51,10 @@ class Workload:
 
 WORKLOADS = {
     "rollout-heavy": Workload(
-        "long responses (<= 256 tokens) on a replica that runs 16 at a time: the trainer idles",
-        ("rollout.max_new_tokens=256", "rollout.max_num_seqs=16", "trainer.micro_batch_size=16")),
+        "4 prompts x 8 responses of <= 128 tokens on a replica that runs 4 at a time (a KV-bound "
+        "replica): the trainer idles",
+        ("rollout.prompts_per_step=4", "rollout.max_new_tokens=128", "rollout.max_num_seqs=4",
+         "trainer.micro_batch_size=16")),
     "train-heavy": Workload(
         f"~{LONG_PROMPT_TOKENS}-token prompts, short responses (<= 24), a KL term: the rollout idles",
         ("rollout.max_new_tokens=24", "trainer.micro_batch_size=4", "trainer.kl_coef=0.01"),
