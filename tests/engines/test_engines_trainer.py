@@ -229,3 +229,23 @@ def test_the_schedule_and_entropy_are_reported_and_survive_a_resume(tiny_model_d
     t2.load_checkpoint(tmp_path / "ck")
     after = [t2.train_step(batch)["lr"] for _ in range(3)]
     assert after == pytest.approx([cfg.lr_at(s) for s in (2, 3, 4)]) and after[0] == pytest.approx(1e-3)
+
+
+def test_kl_reference_is_the_initial_policy_when_samples_carry_none(tiny_model_dir):
+    """kl_coef > 0 with no reference log-probs in the samples: the trainer's frozen copy of the
+    model directory is the reference, so at the initial weights the k3 term (and its
+    gradient) vanishes, and once the weights moved it does not."""
+    raw = [TrainSample(s.prompt_ids, s.response_ids, s.behaviour_logprobs, s.advantage)
+           for s in _samples(tiny_model_dir, 6)]
+    mbs = make_microbatches(raw, 3)
+    plain = TorchTrainer(tiny_model_dir, TrainerConfig(lr=1e-3)).compute_chunk_grads(mbs, per_microbatch=False)
+    kl_trainer = TorchTrainer(tiny_model_dir, TrainerConfig(lr=1e-3, kl_coef=0.5))
+    with_kl = kl_trainer.compute_chunk_grads(mbs, per_microbatch=False)
+    for name, g in plain.grads[0].items():
+        assert np.allclose(g, with_kl.grads[0][name], rtol=1e-4, atol=1e-7), name
+    kl_trainer.train_step(mbs)  # the policy moves away from the reference
+    moved_plain = TorchTrainer(tiny_model_dir, TrainerConfig(lr=1e-3))
+    moved_plain.set_weights_numpy(kl_trainer.get_weights_numpy(), kl_trainer.version)
+    a = moved_plain.compute_chunk_grads(mbs, per_microbatch=False).grads[0]
+    b = kl_trainer.compute_chunk_grads(mbs, per_microbatch=False).grads[0]
+    assert any(not np.allclose(a[n], b[n], rtol=1e-4, atol=1e-7) for n in a)

@@ -100,6 +100,12 @@ class TorchTrainer:
             eps=self.config.adam_eps, weight_decay=self.config.weight_decay, foreach=False,
         )
         self.process_group = process_group
+        # The KL term's reference is the initial policy: the model directory's weights, kept
+        # frozen beside the trained copy (one more forward pass per micro-batch).
+        self.ref_model = None
+        if self.config.kl_coef > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+            self.ref_model.to(device).eval().requires_grad_(False)
         self.version = 0
         """Training steps taken (the policy version these weights are); a skipped step counts."""
         self.skipped_steps = 0
@@ -146,9 +152,15 @@ class TorchTrainer:
             p.grad = None
         batch = collate(mb, self.pad_id, self.device)
         logp_B_T, entropy_B_T = self._logp_entropy(batch)
+        ref_logp_B_T = batch.ref_logp_B_T
+        if ref_logp_B_T is None and self.ref_model is not None:
+            with torch.no_grad():
+                ref_logits_B_L_V = self.ref_model(input_ids=batch.input_ids_B_L,
+                                                  attention_mask=batch.attention_mask_B_L, use_cache=False).logits
+                ref_logp_B_T = token_logprobs(ref_logits_B_L_V[:, :-1], batch.targets_B_T)
         out = grpo_loss(
             logp_B_T, batch.old_logp_B_T, batch.adv_B, batch.mask_B_T, total_tokens,
-            self.config.clip_eps_low, self.config.clip_eps_high, batch.ref_logp_B_T, self.config.kl_coef,
+            self.config.clip_eps_low, self.config.clip_eps_high, ref_logp_B_T, self.config.kl_coef,
         )
         out.loss.backward()
         grads = {}
