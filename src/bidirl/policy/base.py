@@ -100,6 +100,9 @@ def batch_micro_batches(s: ClusterState) -> list[MicroBatch]:
                               spec.micro_batch_tokens)
 
 
+AUX_WARM_MEASUREMENTS = 4  # auxiliary micro-batch measurements before its own model is trusted
+
+
 def micro_means(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[float, float]:
     """Predicted mean micro-batch time on a primary rank and on an auxiliary trainer.
 
@@ -112,7 +115,14 @@ def micro_means(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[float, floa
     tok = sum(mb.tokens for mb in mbs) / n
     att = sum(mb.tokens * mb.seq_len for mb in mbs) / n
     feats = (1.0, tok, att)
-    return s.est.train.micro.predict(feats), s.est.aux.micro.predict(feats)
+    train, aux = s.est.train.micro, s.est.aux.micro
+    p_s = train.predict(feats)
+    if aux.observations < AUX_WARM_MEASUREMENTS <= train.observations:
+        # An auxiliary that has not computed yet runs on the same kind of device as a primary
+        # rank: the primary's calibrated model, scaled by the devices each has, is a far better
+        # guess than the roofline prior (which sized the first real shares several-fold off).
+        return p_s, p_s * s.spec.train_tp / max(s.spec.rollout_tp, 1)
+    return p_s, aux.predict(feats)
 
 
 def build_step(s: ClusterState, mbs: Sequence[MicroBatch], aux: Sequence[AuxExecutor]) -> StartTrainStep:
