@@ -20,6 +20,9 @@ from bidirl.perf.profiles import HARDWARE, MODELS, lookup
 from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, weight_sync_s
 from bidirl.perf.switch_costs import SwitchCostEstimator, switch_priors
 
+# The stage models each admission's prediction rests on (its margin uses their error).
+ADMISSION_MODELS = {"roll_on_train": ("decode",),
+                    "train_on_roll": ("train_micro", "aux_micro", "decode")}
 EMA_ALPHA = 0.02  # ~50 samples of memory: follows drift in response lengths, ignores noise
 
 
@@ -114,3 +117,10 @@ class Estimates:
 
     def median_errors(self) -> dict[str, float | None]:
         return {stage: m.median_rel_error() for stage, m in self.models.items()}
+
+    def admission_error(self, direction: str) -> float:
+        """The recent median relative error of the models ``direction``'s admission rests
+        on (the largest; a model not measured yet counts as none: nothing is known of it
+        but its prior).  The admission margin is this times the predicted figures."""
+        errs = (self.models[st].recent_rel_error() for st in ADMISSION_MODELS[direction])
+        return max((e for e in errs if e is not None), default=0.0)

@@ -246,6 +246,9 @@ class TrainSession:
         if failed is not None:  # the weights are the last good ones; the step's groups are in the store
             self.checkpoint_boundary(rt)
         summary = self._summary(wall, rt, intervals, upto=None if finished else self.boundary)
+        from bidirl.runtime.calibrated_scenario import write_profile
+
+        write_profile(self.run_dir, rt)
         if not finished:
             summary["stopped"] = self._stop_record(failed)
         reporter.finish(summary, intervals, final_step=cfg.run.steps if finished else self.boundary)
