@@ -31,6 +31,22 @@ from dataclasses import dataclass, field
 from bidirl.runtime.vllm_env import apply_vllm_env
 
 
+def engine_batching() -> dict:
+    """vLLM scheduler arguments that keep every prompt in one step on a CPU.
+
+    With chunked prefill (vLLM's default), a prompt that does not fit what is left of a
+    step's token budget (4096 tokens on a CPU: e.g. 86 prompts of 48 tokens) is prefilled
+    in two steps, and vLLM then rewinds the request's seeded generator by its offset, which
+    a CPU ``torch.Generator`` does not have (``RuntimeError: CPU Generator does not use
+    offset`` in ``_bookkeeping_sync``).  Without chunked prefill a prompt that does not fit
+    waits for the next step, and vLLM sizes the budget to at least ``max_model_len``, so
+    every prompt fits a step.  CUDA generators rewind: chunked prefill stays on there.
+    """
+    from vllm.platforms import current_platform
+
+    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
+
+
 @dataclass
 class ResponseRequest:
     """One response of one prompt group; ``prefix_*`` set when it resumes a partial."""
@@ -88,7 +104,7 @@ class RolloutRole:
                         enforce_eager=True, seed=seed, enable_prefix_caching=False,
                         use_tqdm_on_load=False,
                         # Explicit: otherwise vLLM sizes the KV cache from (shared) host memory.
-                        kv_cache_memory_bytes=kv_cache_bytes)
+                        kv_cache_memory_bytes=kv_cache_bytes, **engine_batching())
         self._engine = self._llm.llm_engine
         self._live: dict[str, ResponseRequest] = {}
         self._partial: dict[str, ResponseResult] = {}
