@@ -80,7 +80,7 @@ def test_it_converges_on_noisy_linear_data_from_a_prior_of_the_wrong_shape():
     # cost; a prior pull measured in the prior's own units would never leave it.
     model = LinearTimeModel("decode", (4e-4, 4e-5, 1e-6))
     rng = random.Random(3)
-    for i in range(300):
+    for _ in range(300):
         x, t = _decode_sample(rng)
         slow = 3.0 if rng.random() < 0.05 else 1.0  # occasional contention spikes
         model.observe(x, t * slow * rng.lognormvariate(0, 0.05))

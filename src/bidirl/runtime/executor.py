@@ -51,7 +51,6 @@ from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.rollout_driver import RolloutDriver
 from bidirl.runtime.train_driver import TrainDriver
 
-
 _PROFILED = (StageMeasured, WeightsSynced, GroupsCompleted, TrainStepFinished)
 
 
