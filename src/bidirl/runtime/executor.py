@@ -199,6 +199,11 @@ class DeviceExecutor:
         version = self.version
         kwargs.update(weights=[self.primary_weights()], version=version)  # fetched inside the timed C_in
         self.switching[dev] = "C_in"
+        if role == "aux_train":
+            # A chunk issued before C_in ends runs after it, on these weights: without this the
+            # step would fetch the weights again, behind the primary's own chunk on its device,
+            # and the auxiliary would start only when the primary is done.
+            self.aux_version[dev] = version
 
         def done(seconds: float) -> None:
             self.switching.pop(dev, None)

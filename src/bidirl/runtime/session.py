@@ -246,12 +246,12 @@ class TrainSession:
         if failed is not None:  # the weights are the last good ones; the step's groups are in the store
             self.checkpoint_boundary(rt)
         summary = self._summary(wall, rt, intervals, upto=None if finished else self.boundary)
-        from bidirl.runtime.calibrated_scenario import write_profile
-
-        write_profile(self.run_dir, rt)
         if not finished:
             summary["stopped"] = self._stop_record(failed)
         reporter.finish(summary, intervals, final_step=cfg.run.steps if finished else self.boundary)
+        from bidirl.runtime import calibrated_scenario  # RUN_DIR/scenario.yaml: this run, for the simulator
+
+        calibrated_scenario.write(self.run_dir, cfg, rt, intervals)
         del ray
         if failed is not None:
             what = " ".join(str(failed).split()).split(": no weight")[0]

@@ -175,7 +175,11 @@ class SimRuntime:
             if self.hosting.status[u] is not HOME:
                 continue
             self._advance(u, now)
-            self.engines[u].stall(now, dur)
+            eng = self.engines[u]
+            redo = 0.0
+            if self.truth.reprefill_on_sync and eng.running:  # no KV cache of the old weights
+                redo = self.truth.rollout.prefill_s(eng.context_tokens()) * self.noise()
+            eng.stall(now, dur + redo)
             self.paused_until[u] = now + dur
             self.rec.set(self.spec.unit_devices(u), now, IDLE, "rollout", "waiting for weights")
             self.unplanned.add(u)
