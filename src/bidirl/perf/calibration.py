@@ -100,6 +100,7 @@ class LinearTimeModel:
     # observe and leaves when the window evicts it), so a refit is a small solve.
     _ata: list = field(init=False, repr=False)
     _atb: list = field(init=False, repr=False)
+    _w: float = field(init=False, repr=False, default=0.0)  # the window's total weight
 
     def __post_init__(self) -> None:
         if any(p < 0 for p in self.prior):
@@ -214,8 +215,8 @@ class LinearTimeModel:
             return
         pap = sum(p[i] * ata[i][j] * p[j] for i in range(n) for j in range(n))
         g = (sum(p[i] * atb[i] for i in range(n)) + self.ridge) / (pap + self.ridge)
-        d = [(ata[j][j] / self._w) ** 0.5 for j in range(n)]  # a feature's RMS share
-        seen = [j for j in range(n) if d[j] > 0]
+        d = [max(0.0, ata[j][j] / self._w) ** 0.5 for j in range(n)]  # a feature's RMS share
+        seen = [j for j in range(n) if d[j] > 1e-150]  # (an evicted feature leaves rounding dust)
         theta = [g * p[j] for j in range(n)]  # a feature never seen keeps the rescaled prior
         free = list(seen)
         while free:  # active set: drop the most negative coefficient and solve again

@@ -127,6 +127,8 @@ class Calibration:
                                      ge=1)
     reprefill_on_sync: bool = option(
         False, "a weight update re-prefills every running response (bidirl's runtime: no KV of old weights)")
+    startup_s: float = option(0.0, "seconds from the run's start to its first engine step (driver and engine "
+                              "start-up); every device idles meanwhile", ge=0)
 
 
 CALIBRATED_LENGTHS = {"decode": 3, "prefill": 2, "train_micro": 3, "aux_micro": 3}

@@ -20,7 +20,9 @@ What the scenario holds, and where each figure comes from:
   robust fit follows the typical one, and a shared machine's slow spells are part of the
   mean).  The description notes the replicas' busy time over their measured decode and
   prefill time (engine time outside ``step()``: bookkeeping, control calls; a few percent
-  on this machine, left out of the models).  ``train_step_overhead_s`` is the median of a step's
+  on this machine, left out of the models).  ``startup_s`` is when the first engine step
+  began (driver and engine start-up; the devices idle until then in the simulation too).
+  ``train_step_overhead_s`` is the median of a step's
   time beyond its micro-batches (merge, optimizer, driver); ``reprefill_on_sync`` is set
   because the runtime re-prefills running responses after each weight update;
 * ``costs``: the measured switch costs (median; C_in / C_out of real lends, else of the
@@ -138,6 +140,12 @@ def _step_overhead(records: list[dict], dp: int) -> float | None:
     return _median(out)
 
 
+def _startup(records: list[dict]) -> float:
+    """When the first engine step began: an engine's first work is a prefill burst."""
+    first = next((r for r in records if r["event"] == "StageMeasured" and r["stage"] == "prefill"), None)
+    return max(0.0, first["t"] - first["seconds"]) if first else 0.0
+
+
 def response_lengths(records: list[dict], groups: int, group_size: int) -> list[int]:
     """Every trained response's length, in group-id order (groups ``0 .. groups-1``)."""
     by_group: dict[int, list[int]] = {}
@@ -168,6 +176,7 @@ def scenario_dict(f: RunFacts) -> dict:
             rollout_measured += sum(y for _, y in samples)
     busy = f.rollout_busy_s / rollout_measured if f.rollout_busy_s and rollout_measured > 0 else None
     cal["train_step_overhead_s"] = _step_overhead(recs, f.train_devices)
+    cal["startup_s"] = _startup(recs)
     syncs = [r["seconds"] for r in recs if r["event"] == "WeightsSynced" and r["seconds"] > 0]
     measured = {k: [s for kind, s in f.switches if kind == k] for k in SWITCHES}
     warm = {k: [s for kind, s in f.switches if kind == f"prewarm.{k}"] for k in SWITCHES}

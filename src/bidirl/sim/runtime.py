@@ -78,9 +78,15 @@ class SimRuntime:
             _EXECUTORS[type(action)](self, action)
 
     def start(self) -> None:
+        if self.truth.startup_s > 0:  # a real run's start-up (calibration.startup_s)
+            self._at(self.truth.startup_s, self._begin)
+        else:
+            self._begin()
+            self._pump()
+
+    def _begin(self) -> None:
         self.dirty.update(range(self.spec.n_replicas))
         self._deliver(Started())
-        self._pump()
 
     # -- plumbing -------------------------------------------------------------------
     def _new_engine(self, t: float, version: int) -> ReplicaEngine:

@@ -33,6 +33,7 @@ class Truth:
     noise_cv: float
     step_overhead_s: float = 0.0  # a training step's time after its micro-batches and all-reduce
     reprefill_on_sync: bool = False  # a weight update re-prefills the running responses
+    startup_s: float = 0.0  # nothing happens before (a real run's start-up)
 
 
 def build(sc: Scenario) -> tuple[ClusterSpec, Truth, ResponseLengths]:
@@ -81,5 +82,5 @@ def _truth(sc: Scenario, hw, m) -> Truth:
         weight_sync_s=sync, switch=sw, colocated_switch_s=colocated,
         noise_cv=sc.sim.timing_noise_cv,
         step_overhead_s=train.optimizer_s() if overhead is None else overhead,
-        reprefill_on_sync=cal.reprefill_on_sync,
+        reprefill_on_sync=cal.reprefill_on_sync, startup_s=cal.startup_s,
     )
