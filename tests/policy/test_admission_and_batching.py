@@ -76,3 +76,7 @@ def test_the_margin_comes_from_the_relevant_models_recent_error():
         est.observe("decode", x, pred * 1.2)  # the decode model is 20 % off, then learns
     assert 0.0 < est.admission_error("roll_on_train") <= est.rollout.decode.errors[0]
     assert est.admission_error("train_on_roll") == est.admission_error("roll_on_train")  # decode too
+    mb = (1.0, 1000.0, 1e5)
+    for _ in range(3):  # a cold auxiliary trainer, 3x slower than predicted: too few to count
+        est.observe("aux_micro", mb, est.aux.micro.predict(mb) * 3)
+    assert est.admission_error("train_on_roll") == est.admission_error("roll_on_train")
