@@ -210,25 +210,32 @@ class LinearTimeModel:
         window (so each term is in units of one measurement's squared relative error) and
         ``g`` rescales the prior ``p`` to fit the window.
         """
-        n, p, ata, atb = len(self.prior), self.prior, self._ata, self._atb
+        n, p, ata, atb, ridge = len(self.prior), self.prior, self._ata, self._atb, self.ridge
         if self._w <= 0:
             return
-        pap = sum(p[i] * ata[i][j] * p[j] for i in range(n) for j in range(n))
-        g = (sum(p[i] * atb[i] for i in range(n)) + self.ridge) / (pap + self.ridge)
+        pap = pb = 0.0
+        for i in range(n):
+            row, acc = ata[i], 0.0
+            for j in range(n):
+                acc += row[j] * p[j]
+            pap += p[i] * acc
+            pb += p[i] * atb[i]
+        g = (pb + ridge) / (pap + ridge)
         d = [max(0.0, ata[j][j] / self._w) ** 0.5 for j in range(n)]  # a feature's RMS share
-        seen = [j for j in range(n) if d[j] > 1e-150]  # (an evicted feature leaves rounding dust)
         theta = [g * p[j] for j in range(n)]  # a feature never seen keeps the rescaled prior
-        free = list(seen)
+        # (an evicted feature leaves rounding dust, not a feature)
+        free = [j for j in range(n) if d[j] > 1e-150]
         while free:  # active set: drop the most negative coefficient and solve again
-            a = [[ata[i][j] / (d[i] * d[j]) + (self.ridge if i == j else 0.0) for j in free]
-                 for i in free]
-            b = [(atb[i] - sum(ata[i][k] * theta[k] for k in range(n) if k not in free)) / d[i]
-                 + self.ridge * g * p[i] * d[i] for i in free]
+            # (a dropped coefficient is 0 and an unseen feature has no sums: neither enters b)
+            a = [[ata[i][j] / (d[i] * d[j]) for j in free] for i in free]
+            for k in range(len(free)):
+                a[k][k] += ridge
+            b = [atb[i] / d[i] + ridge * g * p[i] * d[i] for i in free]
             try:
                 u = _solve(a, b)
             except ZeroDivisionError:
                 return
-            worst = min(range(len(free)), key=lambda k: u[k])
+            worst = min(range(len(free)), key=u.__getitem__)
             if u[worst] >= 0:
                 for k, j in enumerate(free):
                     theta[j] = u[k] / d[j]
