@@ -220,7 +220,7 @@ class LinearTimeModel:
                 acc += row[j] * p[j]
             pap += p[i] * acc
             pb += p[i] * atb[i]
-        g = (pb + ridge) / (pap + ridge)
+        g = pb / pap if pap > 0 else 1.0  # the one factor that fits the window best
         d = [max(0.0, ata[j][j] / self._w) ** 0.5 for j in range(n)]  # a feature's RMS share
         theta = [g * p[j] for j in range(n)]  # a feature never seen keeps the rescaled prior
         # (an evicted feature leaves rounding dust, not a feature)
