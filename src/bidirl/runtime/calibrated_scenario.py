@@ -231,7 +231,7 @@ def dump_yaml(data: dict) -> str:
 def facts(cfg, rt, intervals=None) -> RunFacts:
     """Gather ``RunFacts`` from a finished ``DeviceExecutor`` and its run config."""
     spec, est = rt.spec, rt.controller.state.est
-    steps = [rt.steps[k] for k in sorted(rt.steps)]
+    steps = [rt.steps[k] for k in sorted(rt.steps) if rt.steps[k].finished_s > 0]  # not a step cut short
     samples = sum(len(r.staleness) for r in steps) * spec.group_size
     prompt = (sum(r.total_tokens - r.response_tokens for r in steps) / samples if samples
               else float(spec.prompt_tokens))
