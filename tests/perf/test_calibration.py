@@ -43,3 +43,65 @@ def test_calibration_rejects_unphysical_prior():
     with pytest.raises(ValueError):
         LinearTimeModel("x", (-1.0, 1.0))
 
+
+
+TRUE_DECODE = (0.025, 5e-5, 1e-7)  # a CPU decode step: mostly per-step overhead
+
+
+def _decode_sample(rng: random.Random) -> tuple[tuple[float, float, float], float]:
+    steps = rng.randint(4, 16)
+    b = rng.randint(8, 128)
+    ctx = b * rng.uniform(50, 400)
+    x = (float(steps), steps * b, steps * ctx)
+    return x, sum(t * f for t, f in zip(TRUE_DECODE, x))
+
+
+def test_an_outlier_does_not_move_the_fit():
+    rng = random.Random(2)
+    robust = LinearTimeModel("decode", (0.02, 4e-5, 2e-7))
+    plain = LinearTimeModel("decode", (0.02, 4e-5, 2e-7), huber_k=float("inf"))
+    for _ in range(60):
+        x, t = _decode_sample(rng)
+        noisy = t * rng.lognormvariate(0, 0.03)
+        robust.observe(x, noisy)
+        plain.observe(x, noisy)
+    ref = (8.0, 8 * 64.0, 8 * 64 * 200.0)
+    before_r, before_p = robust.predict(ref), plain.predict(ref)
+    x, t = _decode_sample(rng)
+    for model in (robust, plain):  # another process took the core: 10x faster than possible
+        model.observe(x, t / 10)
+    assert robust.downweighted == 1
+    assert abs(robust.predict(ref) / before_r - 1) < 0.02  # bounded influence
+    assert abs(plain.predict(ref) / before_p - 1) > 3 * abs(robust.predict(ref) / before_r - 1)
+
+
+def test_it_converges_on_noisy_linear_data_from_a_prior_of_the_wrong_shape():
+    # The roofline prior has no per-step overhead (60x too small) and 10x too much KV
+    # cost; a prior pull measured in the prior's own units would never leave it.
+    model = LinearTimeModel("decode", (4e-4, 4e-5, 1e-6))
+    rng = random.Random(3)
+    for _ in range(300):
+        x, t = _decode_sample(rng)
+        slow = 3.0 if rng.random() < 0.05 else 1.0  # occasional contention spikes
+        model.observe(x, t * slow * rng.lognormvariate(0, 0.05))
+    assert _late_error(model, 100) < 0.06
+    a, c, k = model.theta
+    assert abs(a / TRUE_DECODE[0] - 1) < 0.1
+    x, t = _decode_sample(rng)
+    assert abs(model.fit_s(x) / t - 1) < 0.05
+
+
+def test_drift_follows_a_slow_spell_and_stays_out_of_independent_noise():
+    rng = random.Random(4)
+    model = LinearTimeModel("decode", TRUE_DECODE)
+    for _ in range(200):  # independent noise: the recent residuals predict nothing
+        x, t = _decode_sample(rng)
+        model.observe(x, t * rng.lognormvariate(0, 0.05))
+    assert abs(model.drift - 1) < 0.03
+    errs = []
+    for i in range(60):  # alternating spells of a 2x slower machine, 15 measurements each
+        x, t = _decode_sample(rng)
+        slow = 2.0 if (i // 15) % 2 else 1.0
+        errs.append(model.observe(x, t * slow * rng.lognormvariate(0, 0.05)))
+    later = errs[20:30] + errs[50:60]  # well inside each spell
+    assert statistics.median(later) < 0.1

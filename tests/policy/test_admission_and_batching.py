@@ -40,3 +40,43 @@ def test_all_seven_policies_are_registered():
                               "bidirl-opportunistic", "bidirl"]
     for name in policy_names():
         assert make_policy(name).name == name
+
+
+def test_margin_rejects_a_gain_the_models_error_can_explain():
+    # Benefit just above cost: admitted by models that predict well, rejected by models
+    # that are 30 % off (the benefit shrunk by 30 % no longer beats the cost inflated by it).
+    sure = admission.decide("train_on_roll", 0.0, 1, 1.05, 1.0, error=0.01)
+    doubt = admission.decide("train_on_roll", 0.0, 1, 1.05, 1.0, error=0.3)
+    assert sure.admit and not doubt.admit
+    assert doubt.margin_s > 0.6 and doubt.net_s < 0 < sure.net_s
+    # A clear gain survives the doubt; perfect models add no margin at all.
+    assert admission.decide("roll_on_train", 0.0, 1, 3.0, 1.0, error=0.3).admit
+    assert admission.decide("roll_on_train", 0.0, 1, 5.0, 4.9).margin_s == 0.0
+
+
+def test_both_directions_pass_the_error_to_the_rule():
+    args = (0.0, 2, 100.0, 60.0, 70.0, 5.0, 50.0, 55.0)  # benefit 40 s, cost 10 s
+    assert admission.train_on_roll(*args).admit
+    assert not admission.train_on_roll(*args, error=0.7).admit
+    roll = (0.0, 4, 30.0, (100.0, 150.0), (60.0, 120.0), (63.0, 123.0), 2.0)
+    assert admission.roll_on_train(*roll).admit
+    assert not admission.roll_on_train(*roll, error=0.9).admit
+
+
+def test_the_margin_comes_from_the_relevant_models_recent_error():
+    from bidirl.controller.estimates import Estimates
+    from bidirl.sim.scenario import load
+    from bidirl.sim.world import build
+
+    est = Estimates(build(load("tiny-cpu"))[0])
+    assert est.admission_error("roll_on_train") == 0.0  # nothing measured yet: no evidence of error
+    x = (10.0, 40.0, 4000.0)
+    pred = est.rollout.decode.predict(x)
+    for _ in range(10):
+        est.observe("decode", x, pred * 1.2)  # the decode model is 20 % off, then learns
+    assert 0.0 < est.admission_error("roll_on_train") <= est.rollout.decode.errors[0]
+    assert est.admission_error("train_on_roll") == est.admission_error("roll_on_train")  # decode too
+    mb = (1.0, 1000.0, 1e5)
+    for _ in range(3):  # a cold auxiliary trainer, 3x slower than predicted: too few to count
+        est.observe("aux_micro", mb, est.aux.micro.predict(mb) * 3)
+    assert est.admission_error("train_on_roll") == est.admission_error("roll_on_train")

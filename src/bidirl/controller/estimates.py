@@ -15,11 +15,14 @@ from statistics import median
 
 from bidirl.controller.actions import MicroBatch
 from bidirl.controller.cluster import ClusterSpec
-from bidirl.perf.calibration import LinearTimeModel
+from bidirl.perf.calibration import WARMUP, LinearTimeModel
 from bidirl.perf.profiles import HARDWARE, MODELS, lookup
 from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, weight_sync_s
 from bidirl.perf.switch_costs import SwitchCostEstimator, switch_priors
 
+# The stage models each admission's prediction rests on (its margin uses their error).
+ADMISSION_MODELS = {"roll_on_train": ("decode",),
+                    "train_on_roll": ("train_micro", "aux_micro", "decode")}
 EMA_ALPHA = 0.02  # ~50 samples of memory: follows drift in response lengths, ignores noise
 
 
@@ -114,3 +117,15 @@ class Estimates:
 
     def median_errors(self) -> dict[str, float | None]:
         return {stage: m.median_rel_error() for stage, m in self.models.items()}
+
+    def admission_error(self, direction: str) -> float:
+        """The recent median relative error of the models ``direction``'s admission rests
+        on (the largest), times the predicted figures: the admission margin.
+
+        A model with fewer than ``WARMUP`` measurements does not count: its few errors say
+        more about a cold start (an auxiliary trainer's first backward pass) than about the
+        model, and a borrow it vetoed would never measure it again.  The others (decode,
+        the primary's micro-batches) still set the margin."""
+        errs = (m.recent_rel_error() for m in (self.models[st] for st in ADMISSION_MODELS[direction])
+                if m.observations >= WARMUP)
+        return max((e for e in errs if e is not None), default=0.0)

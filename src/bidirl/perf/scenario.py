@@ -17,7 +17,7 @@ from typing import Any, Literal
 from bidirl.core.typed_config import build, option, section
 from bidirl.perf.profiles import HARDWARE, MODELS
 
-LengthDist = Literal["lognormal", "constant", "uniform", "file"]
+LengthDist = Literal["lognormal", "constant", "uniform", "file", "empirical"]
 LENGTH_DISTS: tuple[str, ...] = LengthDist.__args__  # type: ignore[attr-defined]
 
 
@@ -33,6 +33,10 @@ class ResponseLength:
     that hit ``max`` are truncated, as with ``max_tokens`` in an engine).
     ``constant``: every response is ``max`` long.  ``uniform``: in ``[min, max]``.
     ``file``: lengths read from ``file`` (one integer per line, cycled in order).
+    ``empirical``: the lengths in ``values``, cycled in order (a real run's measured
+    lengths, response by response in group-id order, so batch ``b`` of the simulation
+    gets the lengths batch ``b`` of the run had, and a shift of lengths over the run is
+    replayed as it happened).
     """
 
     dist: LengthDist = option("lognormal", "length distribution")
@@ -41,6 +45,7 @@ class ResponseLength:
     min: int = option(16, "shortest response (tokens)", ge=1)
     max: int = option(8192, "longest response; longer ones are truncated", ge=1, le=262144)
     file: str | None = option(None, "lengths file when dist is file (relative to the scenario)")
+    values: tuple[int, ...] | None = option(None, "lengths when dist is empirical (cycled in order)")
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,40 @@ class SimKnobs:
     timing_noise_cv: float = option(0.03, "lognormal noise on every simulated stage time", ge=0, le=1)
     prior_scale: float = option(1.25, "scheduler's models start this far off; calibration fixes it",
                                 ge=0.1, le=10)
-    micro_batch_tokens: int = option(16384, "tokens per training micro-batch", ge=256)
+    micro_batch_tokens: int = option(16384, "tokens per training micro-batch", ge=16)
+
+
+def _coefs(doc: str) -> Any:
+    return option(None, doc)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Stage times measured on a real run (``scenario.yaml`` in its run directory).
+
+    Each set field replaces the simulated hardware's roofline for that stage (the ground
+    truth); the scheduler still starts from the profile priors scaled by
+    ``sim.prior_scale``, as the real run's scheduler did, and calibrates online.
+    ``null``: the profile-derived roofline.
+    """
+
+    decode: tuple[float, ...] | None = _coefs("decode step [a, c, k]: a + c * running + k * sum of contexts (s)")
+    prefill: tuple[float, ...] | None = _coefs("prefill [a_p, c_p]: a_p + c_p * tokens (s)")
+    train_micro: tuple[float, ...] | None = _coefs(
+        "training micro-batch [a_m, c_m, q_m]: a_m + c_m * tokens + q_m * tokens * seq_len (s)")
+    aux_micro: tuple[float, ...] | None = _coefs("an auxiliary trainer's micro-batch, same form; null: train_micro")
+    train_step_overhead_s: float | None = option(
+        None, "per training step beyond its micro-batches (merge, optimizer, driver); null: the optimizer prior",
+        ge=0)
+    replica_cap: int | None = option(None, "responses a replica runs at once (max_num_seqs); null: from KV memory",
+                                     ge=1)
+    reprefill_on_sync: bool = option(
+        False, "a weight update re-prefills every running response (bidirl's runtime: no KV of old weights)")
+    startup_s: float = option(0.0, "seconds from the run's start to its first engine step (driver and engine "
+                              "start-up); every device idles meanwhile", ge=0)
+
+
+CALIBRATED_LENGTHS = {"decode": 3, "prefill": 2, "train_micro": 3, "aux_micro": 3}
 
 
 @dataclass(frozen=True)
@@ -110,6 +148,7 @@ class Scenario:
     pools: Pools = section(Pools, "the committed device split")
     costs: Costs = section(Costs, "switch-cost overrides")
     sim: SimKnobs = section(SimKnobs, "how the simulated world differs from the priors")
+    calibration: Calibration = section(Calibration, "stage times measured on a real run (override the rooflines)")
 
     def replace(self, **changes: Any) -> Scenario:
         return dataclasses.replace(self, **changes)
@@ -129,6 +168,17 @@ def check(s: Scenario) -> Scenario:
     need(rl.min <= rl.max, "workload.response_length.min", "must be <= max", rl.min)
     if rl.dist == "file":
         need(bool(rl.file), "workload.response_length.file", "must be a path when dist is file", rl.file)
+    if rl.dist == "empirical":
+        need(bool(rl.values), "workload.response_length.values", "must list lengths when dist is empirical",
+             rl.values)
+        need(all(1 <= v <= rl.max for v in rl.values), "workload.response_length.values",
+             f"must be lengths in [1, max ({rl.max})]", [v for v in rl.values if not 1 <= v <= rl.max][:3])
+    for name, n in CALIBRATED_LENGTHS.items():
+        coefs = getattr(s.calibration, name)
+        if coefs is not None:
+            need(len(coefs) == n, f"calibration.{name}", f"must hold {n} coefficients", coefs)
+            need(all(c >= 0 for c in coefs), f"calibration.{name}",
+                 "must be >= 0 (time cannot shrink with more work)", coefs)
     need(p.rollout_devices + p.train_devices == s.devices, "pools.train_devices",
          f"rollout_devices + train_devices must equal devices ({s.devices})", p.train_devices)
     need(p.rollout_devices % p.rollout_tp == 0, "pools.rollout_tp",

@@ -1,12 +1,18 @@
-"""Admission: borrow only when the predicted benefit exceeds the predicted switch cost.
+"""Admission: borrow only when the predicted benefit exceeds the switch cost and the doubt.
 
 Both directions are judged by one yardstick, *when can the trainer start its next
 step*, predicted with the calibrated stage-time models and the measured switch costs
 (``policy.predict``).  ``benefit_s`` is how much earlier the trainer could start if the
 borrow were free (no C_in / C_out / C_grad, no rollout capacity given away); ``cost_s`` is
 how much of that the switches and the lost capacity take back.  A borrow is admitted
-only when ``benefit_s > cost_s``, i.e. only at a predicted gain; every decision record is
-kept for metrics (``SimResult.admission``).
+only when ``benefit_s > cost_s + margin_s``: at a predicted gain that the models' own
+error cannot explain away.  ``margin_s = error * (benefit_s + cost_s)`` where ``error`` is
+the recent median relative error of the stage models the prediction rests on
+(``Estimates.admission_error``), so the rule reads *the benefit shrunk by the models'
+error still beats the cost inflated by it*.  With models that predict well (the
+simulator: a few percent) the margin is a few percent of the figures and changes only
+decisions that were a coin toss; on a noisy machine (30 % error) a borrow must promise
+about twice its cost.  Every decision record is kept for metrics (``SimResult.admission``).
 
 Rollouter-on-TrainPool (the trainer waits for batch b; the borrowed replicas run the
 queue's head, batch h in b+1..b+s, so the horizon is the start of step h)::
@@ -41,21 +47,26 @@ class AdmissionDecision:
     cost_s: float
     admit: bool
     guided: bool = True  # False: an opportunistic lend (no model consulted)
+    margin_s: float = 0.0  # the doubt: models' recent relative error x (benefit + cost)
 
     @property
     def net_s(self) -> float:
-        return self.benefit_s - self.cost_s
+        """The gain one can count on: benefit beyond cost and margin."""
+        return self.benefit_s - self.cost_s - self.margin_s
 
 
-def decide(direction: str, t: float, units: int, benefit_s: float, cost_s: float) -> AdmissionDecision:
-    """The rule itself: admit iff something would be lent and benefit exceeds cost."""
+def decide(direction: str, t: float, units: int, benefit_s: float, cost_s: float,
+           error: float = 0.0) -> AdmissionDecision:
+    """The rule itself: admit iff something would be lent and the benefit exceeds the cost
+    plus the margin ``error * (benefit + cost)`` (``error``: the models' relative error)."""
+    margin = error * (abs(benefit_s) + abs(cost_s)) if error > 0 else 0.0
     return AdmissionDecision(direction, t, units, benefit_s, cost_s,
-                             units > 0 and benefit_s > cost_s)
+                             units > 0 and benefit_s > cost_s + margin, margin_s=margin)
 
 
 def roll_on_train(t: float, units: int, step_s: float, ready0: tuple[float, ...],
                   ready_free: tuple[float, ...], ready_k: tuple[float, ...],
-                  c_out_s: float) -> AdmissionDecision:
+                  c_out_s: float, error: float = 0.0) -> AdmissionDecision:
     """Lend ``units`` idle trainer units as rollout replicas until batch b is ready?
 
     Judged over the steps the borrowed replicas work for: while the trainer waits for
@@ -64,13 +75,14 @@ def roll_on_train(t: float, units: int, step_s: float, ready0: tuple[float, ...]
     replicas, and with C_in paid.  ``step_s``: the trainer's step plus weight sync.  The
     trainer starts step b at ready(b) (+ C_out when it must reclaim first) and each later
     step at max(previous start + step_s, ready); the benefit is how much earlier the last
-    of those steps starts.
+    of those steps starts.  ``error``: the models' relative error (the margin, see above).
     """
     if units <= 0:
         return decide("roll_on_train", t, 0, 0.0, 0.0)
     j0 = last_start(ready0, step_s, 0.0)
     j_free = min(j0, last_start(ready_free, step_s, 0.0))
-    return decide("roll_on_train", t, units, j0 - j_free, last_start(ready_k, step_s, c_out_s) - j_free)
+    return decide("roll_on_train", t, units, j0 - j_free, last_start(ready_k, step_s, c_out_s) - j_free,
+                  error)
 
 
 def last_start(ready: Sequence[float], step_s: float, c_out: float) -> float:
@@ -84,17 +96,18 @@ def last_start(ready: Sequence[float], step_s: float, c_out: float) -> float:
 
 def train_on_roll(t: float, units: int, step0_s: float, step_free_s: float,
                   step_k_s: float, after_s: float, ready0_s: float,
-                  ready_k_s: float) -> AdmissionDecision:
+                  ready_k_s: float, error: float = 0.0) -> AdmissionDecision:
     """Lend ``units`` idle rollout replicas as auxiliary trainers for this step?
 
     ``step0_s``: predicted step (until the last gradient is in) without auxiliaries;
     ``step_free_s`` / ``step_k_s``: with them, ignoring / including C_in and C_grad.
     ``after_s``: merge + weight sync.  ``ready0_s`` / ``ready_k_s``: when the next batch
-    is complete without / with the replicas lent away.
+    is complete without / with the replicas lent away.  ``error``: the models' relative
+    error (the margin, see above).
     """
     if units <= 0:
         return decide("train_on_roll", t, 0, 0.0, 0.0)
     j0 = max(step0_s + after_s, ready0_s)
     j_free = max(min(step_free_s, step0_s) + after_s, ready0_s)
     j_k = max(step_k_s + after_s, ready_k_s)
-    return decide("train_on_roll", t, units, j0 - j_free, j_k - j_free)
+    return decide("train_on_roll", t, units, j0 - j_free, j_k - j_free, error)

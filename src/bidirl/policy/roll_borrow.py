@@ -67,7 +67,8 @@ class RollLending:
 
         return admission.roll_on_train(
             s.t, units, est.step_s.value + est.weight_sync_s(), ready(0, 0.0),
-            ready(units, 0.0), ready(units, c_in), est.switch.estimate("roll_on_train.c_out"))
+            ready(units, 0.0), ready(units, c_in), est.switch.estimate("roll_on_train.c_out"),
+            error=est.admission_error("roll_on_train"))
 
     def _trainer_waits(self, s: ClusterState) -> bool:
         return (s.phase is Phase.IDLE and s.pending_sync is None and not s.finished

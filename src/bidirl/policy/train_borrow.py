@@ -119,7 +119,8 @@ class AuxLending:
                 shares = plan.aux[len(ready):]
                 away = c_in + max(shares, default=0) * a_s + c_grad + c_out
                 ready_k = predict.ready_in(s, b1, remove=k, remove_s=away)
-                d = admission.train_on_roll(s.t, k, step0, step_free, plan.makespan_s, after, ready0, ready_k)
+                d = admission.train_on_roll(s.t, k, step0, step_free, plan.makespan_s, after, ready0, ready_k,
+                                            error=est.admission_error("train_on_roll"))
                 if sum(1 for m in shares if m) < k:  # a lent replica would get nothing to do
                     d = admission.decide("train_on_roll", s.t, k, d.benefit_s, float("inf"))
                 # Does the next batch (not this step) decide when the next step starts?

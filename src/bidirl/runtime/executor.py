@@ -34,7 +34,10 @@ from bidirl.controller.actions import AssignGroups, Lend, Reclaim, StartTrainSte
 from bidirl.controller.events import (
     DeviceLent,
     DeviceReclaimed,
+    GroupsCompleted,
+    StageMeasured,
     Started,
+    TrainStepFinished,
     WeightsSynced,
 )
 from bidirl.controller.units import UnitStatus
@@ -47,6 +50,8 @@ from bidirl.runtime.calls import CallBook
 from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.rollout_driver import RolloutDriver
 from bidirl.runtime.train_driver import TrainDriver
+
+_PROFILED = (StageMeasured, WeightsSynced, GroupsCompleted, TrainStepFinished)
 
 
 @dataclass
@@ -94,6 +99,9 @@ class DeviceExecutor:
         self.switches: list[tuple[str, float]] = []  # (kind, seconds), measured
         self.reclaim_waits: list[dict] = []
         self.lost_devices: list[tuple[int, float]] = []
+        # (time, event) of what the run measured: the profile ``runtime/calibrated_scenario.py``
+        # writes as a scenario for the simulator
+        self.profile: list[tuple[float, object]] = []
         self.on_step: Callable | None = None  # the reporter's hook, per finished step
         self.validator = None  # runtime/validation.Validator when the run validates
         self.sync_seconds: list[float] = []  # every weight sync's duration (timing_s/update_weights)
@@ -136,6 +144,8 @@ class DeviceExecutor:
 
     # -- helpers the drivers share ------------------------------------------------------
     def deliver(self, event) -> None:
+        if isinstance(event, _PROFILED):
+            self.profile.append((self.now(), event))
         self.pump.deliver(event)
 
     def primary_weights(self):
@@ -189,6 +199,11 @@ class DeviceExecutor:
         version = self.version
         kwargs.update(weights=[self.primary_weights()], version=version)  # fetched inside the timed C_in
         self.switching[dev] = "C_in"
+        if role == "aux_train":
+            # A chunk issued before C_in ends runs after it, on these weights: without this the
+            # step would fetch the weights again, behind the primary's own chunk on its device,
+            # and the auxiliary would start only when the primary is done.
+            self.aux_version[dev] = version
 
         def done(seconds: float) -> None:
             self.switching.pop(dev, None)

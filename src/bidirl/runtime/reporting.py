@@ -136,7 +136,7 @@ class StepReporter:
             if ds:
                 m[f"admission/{direction}/admitted"] = sum(d.admit for d in ds)
                 m[f"admission/{direction}/rejected"] = sum(not d.admit for d in ds)
-                for key in ("benefit_s", "cost_s"):  # inf: "cannot pay" — not a number to average
+                for key in ("benefit_s", "cost_s", "margin_s"):  # inf: "cannot pay" — not a number to average
                     vals = [getattr(d, key) for d in ds if math.isfinite(getattr(d, key))]
                     if vals:
                         m[f"admission/{direction}/{key}"] = statistics.mean(vals)

@@ -14,6 +14,10 @@ from bidirl.controller.events import GroupsCompleted, GroupsInterrupted, StageMe
 from bidirl.core.ledger import Role
 
 POLL_TIMEOUT_S = 2.0  # a poll returns earlier when anything finished; this only bounds a quiet wait
+# Decode steps are summed into one measurement of at least this long (or until the replica
+# runs dry): the stage model predicts seconds of decoding, not one step, and a sum over many
+# steps is what the simulator reports too.  The model is linear, so summing loses nothing.
+DECODE_SAMPLE_S = 0.25
 
 
 class RolloutDriver:
@@ -26,6 +30,7 @@ class RolloutDriver:
         self.groups: list[set[int]] = [set() for _ in range(n)]  # global ids of its groups
         self.assigned_at: dict[int, float] = {}  # global id -> first assignment (timing_s/gen)
         self.completed_at: dict[int, float] = {}  # global id -> completion
+        self.decode_sum = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]  # steps, batch, context, seconds
 
     def assign(self, a: AssignGroups) -> None:
         ex, u = self.ex, a.replica
@@ -70,13 +75,18 @@ class RolloutDriver:
     def _measured(self, u: int, out: dict) -> None:
         ex = self.ex
         for tokens, secs in out.get("prefills", []):
-            ex.deliver(StageMeasured("prefill", (1.0, float(tokens)), secs))
-        m = out["measurements"]
+            if tokens > 0:
+                ex.deliver(StageMeasured("prefill", (1.0, float(tokens)), secs))
+        m, acc = out["measurements"], self.decode_sum[u]
         if m:
             ex.last_work_s[ex.unit_device(u)] = max(x for _, _, x in m)
-            ex.deliver(StageMeasured(
-                "decode", (float(len(m)), float(sum(b for b, _, _ in m)), float(sum(c for _, c, _ in m))),
-                sum(s for _, _, s in m)))
+            acc[0] += len(m)
+            acc[1] += sum(b for b, _, _ in m)
+            acc[2] += sum(c for _, c, _ in m)
+            acc[3] += sum(s for _, _, s in m)
+        if acc[3] >= DECODE_SAMPLE_S or (acc[0] and not out.get("running", 1)):
+            ex.deliver(StageMeasured("decode", (acc[0], acc[1], acc[2]), acc[3]))
+            self.decode_sum[u] = [0.0, 0.0, 0.0, 0.0]
 
     def _completed(self, u: int, gids: list[int]) -> GroupsCompleted:
         store, now = self.ex.job.store, self.ex.now()
@@ -117,6 +127,10 @@ class RolloutDriver:
     def _hand_back(self, u: int) -> None:
         ex, store = self.ex, self.ex.job.store
         self.running[u], self.run_handle[u] = 0, None
+        acc = self.decode_sum[u]
+        if acc[0]:
+            ex.deliver(StageMeasured("decode", tuple(acc[:3]), acc[3]))
+            self.decode_sum[u] = [0.0, 0.0, 0.0, 0.0]
         gids = sorted(g for g in self.groups[u] if not store.groups[g].complete)
         self.groups[u].clear()
         if gids:

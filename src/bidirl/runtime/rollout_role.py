@@ -9,7 +9,10 @@ steps.  Everything else the driver sends (new requests, new weights, a reclaim's
 actor, and takes the engine between two steps: the stepping thread yields after each
 step to a waiting control call, so a reclaim takes effect within one decode step.
 Each decode step is timed with the features of the decode-step model (running batch,
-context tokens); a step that also prefills is reported as a prefill measurement.
+context tokens).  Steps that prefill (new requests, or every live one re-submitted after a
+weight update, which vLLM may cut into several chunked-prefill steps) are not decode
+steps: each such burst is reported as one prefill measurement, its prompt tokens and the
+time it took beyond the decode step the engine would have run anyway.
 
 Every generated token is tagged with the policy version the engine held when the token
 was produced; a resumed response keeps its prefix's tokens, log-probs and versions, so
@@ -133,7 +136,9 @@ class RolloutRole:
         self._context: dict[str, int] = {}
         self._base: dict[str, int] = {}  # response tokens before the engine request started
         self._restarts = 0
-        self._prefill_tokens = 0  # prompt tokens submitted since the last step
+        self._unprefilled: dict[str, int] = {}  # live requests without a token yet: context tokens
+        self._burst = [0, 0.0]  # the prefill burst in progress: tokens prefilled, seconds beyond decode
+        self._decode_step_s = 0.0  # the last pure decode step
         # The outbox poll drains, and what guards it and the engine (see the module doc).
         self._finished: list[ResponseResult] = []
         self._measurements: list[tuple[int, int, float]] = []
@@ -171,7 +176,8 @@ class RolloutRole:
         Returns at once when something finished, when nothing is live, or when a control
         call arrived (so the driver's calls queued behind this one are not held up).
         ``measurements`` holds ``(batch, context_tokens, seconds)`` per decode step since
-        the last poll, ``prefills`` ``(prompt_tokens, seconds)`` per step that prefilled.
+        the last poll, ``prefills`` ``(prompt_tokens, seconds)`` per prefill burst (the
+        seconds beyond the decode work of its steps).
         """
         deadline = time.perf_counter() + timeout_s
         with self._cv:
@@ -217,6 +223,7 @@ class RolloutRole:
                 self._engine.abort_request(ids)
             # Finished responses not yet polled are handed back with the partials.
             out, self._finished = self._finished + [self._forget(i)[1] for i in ids], []
+            self._burst = [0, 0.0]  # a prefill burst cut short measures nothing
             return out
 
     def snapshot(self) -> list[ResponseResult]:
@@ -366,7 +373,8 @@ class RolloutRole:
                     return
                 self._stepping = True
                 batch, ctx = len(self._live), sum(self._context.values())
-                prefill, self._prefill_tokens = self._prefill_tokens, 0
+                prefilling = bool(self._unprefilled)
+                decoding = batch - len(self._unprefilled)  # requests past their prefill
             outputs, took, error = None, 0.0, None
             try:
                 t0 = time.perf_counter()
@@ -379,14 +387,20 @@ class RolloutRole:
                 if error is not None:
                     self._error = error
                 else:
-                    # A step that also prefills new prompts is not a decode step: it would
-                    # bias the decode model, so it is reported as a prefill measurement.
-                    (self._prefills.append((prefill, took)) if prefill
-                     else self._measurements.append((batch, ctx, took)))
+                    left = dict(self._unprefilled)
                     for out in outputs:
                         res = self._absorb(out)
                         if res is not None:
                             self._finished.append(res)
+                    if prefilling:  # see the module docstring: a burst, not a decode step
+                        self._burst[0] += sum(n for rid, n in left.items() if rid not in self._unprefilled)
+                        self._burst[1] += max(0.0, took - (self._decode_step_s if decoding else 0.0))
+                        if not self._unprefilled:
+                            self._prefills.append((self._burst[0], self._burst[1]))
+                            self._burst = [0, 0.0]
+                    else:
+                        self._measurements.append((batch, ctx, took))
+                        self._decode_step_s = took
                 self._cv.notify_all()
 
     # -- internals --------------------------------------------------------------------
@@ -403,12 +417,13 @@ class RolloutRole:
         self._engine.add_request(rid, {"prompt_token_ids": context}, sp)
         self._live[rid], self._partial[rid], self._base[rid] = r, res, done
         self._context[rid] = len(context)
-        self._prefill_tokens += len(context)
+        self._unprefilled[rid] = len(context)
 
     def _forget(self, rid: str) -> tuple[ResponseRequest, ResponseResult]:
         """Drop engine request ``rid`` from the bookkeeping; returns its request and progress."""
         self._context.pop(rid)
         self._base.pop(rid)
+        self._unprefilled.pop(rid, None)
         return self._live.pop(rid), self._partial.pop(rid)
 
     def _restart_live(self) -> None:
@@ -444,6 +459,7 @@ class RolloutRole:
                 res.logprobs.append(float(entry[tok].logprob) if entry and tok in entry else 0.0)
                 res.versions.append(self.version)
             self._context[rid] += len(fresh)
+            self._unprefilled.pop(rid, None)
         if out.finished:
             res.finished = True
             res.finish_reason = comp.finish_reason

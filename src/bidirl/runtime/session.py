@@ -264,6 +264,9 @@ class TrainSession:
         if not finished:
             summary["stopped"] = self._stop_record(failed)
         reporter.finish(summary, intervals, final_step=cfg.run.steps if finished else self.boundary)
+        from bidirl.runtime import calibrated_scenario  # RUN_DIR/scenario.yaml: this run, for the simulator
+
+        calibrated_scenario.write(self.run_dir, cfg, rt, intervals)
         del ray
         if failed is not None:
             what = " ".join(str(failed).split()).split(": no weight")[0]

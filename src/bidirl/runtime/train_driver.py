@@ -127,8 +127,11 @@ class TrainDriver:
         stage = "aux_micro" if job.role == "aux_train" else "train_micro"
         if timings:
             ex.last_work_s[job.device] = max(x for _, _, x in timings)
-        for tokens, seq, secs in timings:
-            ex.deliver(StageMeasured(stage, (1.0, float(tokens), float(tokens * seq)), secs))
+            # One measurement per call, the sum of its micro-batches: what a chunk plan
+            # predicts, and what the simulator reports (the model is linear: sums are exact).
+            ex.deliver(StageMeasured(stage, (float(len(timings)), float(sum(t for t, _, _ in timings)),
+                                             float(sum(t * q for t, q, _ in timings))),
+                                     sum(x for _, _, x in timings)))
         state["left"] -= 1
         if job.role == "aux_train":  # its last micro-batch: the unit may go home before the merge
             state["aux_left"][job.unit] -= 1

@@ -56,6 +56,10 @@ class ReplicaEngine:
     def running(self) -> int:
         return self.b
 
+    def context_tokens(self) -> float:
+        """Sum of the running responses' contexts (prompt + tokens so far)."""
+        return self.base_sum + self.b * self.k
+
     def admit(self, gid: int, lengths: tuple[int, ...], prefixes: dict[int, int] | None,
               ) -> int:
         """Add a group's responses (``prefixes``: response -> tokens already generated,

@@ -78,9 +78,15 @@ class SimRuntime:
             _EXECUTORS[type(action)](self, action)
 
     def start(self) -> None:
+        if self.truth.startup_s > 0:  # a real run's start-up (calibration.startup_s)
+            self._at(self.truth.startup_s, self._begin)
+        else:
+            self._begin()
+            self._pump()
+
+    def _begin(self) -> None:
         self.dirty.update(range(self.spec.n_replicas))
         self._deliver(Started())
-        self._pump()
 
     # -- plumbing -------------------------------------------------------------------
     def _new_engine(self, t: float, version: int) -> ReplicaEngine:
@@ -175,7 +181,11 @@ class SimRuntime:
             if self.hosting.status[u] is not HOME:
                 continue
             self._advance(u, now)
-            self.engines[u].stall(now, dur)
+            eng = self.engines[u]
+            redo = 0.0
+            if self.truth.reprefill_on_sync and eng.running:  # no KV cache of the old weights
+                redo = self.truth.rollout.prefill_s(eng.context_tokens()) * self.noise()
+            eng.stall(now, dur + redo)
             self.paused_until[u] = now + dur
             self.rec.set(self.spec.unit_devices(u), now, IDLE, "rollout", "waiting for weights")
             self.unplanned.add(u)

@@ -19,6 +19,7 @@ import yaml
 
 from bidirl.perf.scenario import (
     LENGTH_DISTS,
+    Calibration,
     Costs,
     Pools,
     ResponseLength,
@@ -30,7 +31,7 @@ from bidirl.perf.scenario import (
     from_dict,
 )
 
-__all__ = ["LENGTH_DISTS", "Costs", "Pools", "ResponseLength", "Scenario", "ScenarioError",
+__all__ = ["LENGTH_DISTS", "Calibration", "Costs", "Pools", "ResponseLength", "Scenario", "ScenarioError",
            "SimKnobs", "TrainLayout", "Workload", "builtin_names", "from_dict", "load"]
 
 

@@ -85,7 +85,7 @@ def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
     if ranks_total > 1:
         tl.measurements.append(StageMeasured("train_sync", (1.0, wire), sync))
     tl.merge_start = merge_start
-    tl.end = merge_start + sync + truth.train.optimizer_s()
+    tl.end = merge_start + sync + truth.step_overhead_s
     tl.device_seconds = sum(min(spec.train_tp * p, spec.rollout_tp * q)
                             for p, q in zip(micro, aux_micro))
     return tl

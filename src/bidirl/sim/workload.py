@@ -22,7 +22,9 @@ class ResponseLengths:
                  seed: int) -> None:
         self.dist, self.g, self.n, self.seed = dist, groups_per_step, group_size, seed
         self._cache: dict[int, list[tuple[int, ...]]] = {}
-        self._file: np.ndarray | None = _read_lengths(dist) if dist.dist == "file" else None
+        self._file: np.ndarray | None = (
+            _read_lengths(dist) if dist.dist == "file"
+            else np.asarray(dist.values, dtype=np.int64) if dist.dist == "empirical" else None)
 
     def lengths(self, gid: int) -> tuple[int, ...]:
         b, i = divmod(gid, self.g)
@@ -38,7 +40,7 @@ class ResponseLengths:
         d, shape = self.dist, (self.g, self.n)
         if d.dist == "constant":
             return np.full(shape, d.max, dtype=np.int64)
-        if d.dist == "file":
+        if d.dist in ("file", "empirical"):
             idx = (batch * self.g * self.n + np.arange(self.g * self.n)) % len(self._file)
             return self._file[idx].reshape(shape)
         rng = np.random.default_rng([self.seed, batch])
@@ -54,7 +56,7 @@ class ResponseLengths:
             return float(d.max)
         if d.dist == "uniform":
             return (d.min + d.max) / 2
-        if d.dist == "file":
+        if d.dist in ("file", "empirical"):
             return float(self._file.mean())
         x = np.exp(np.log(d.median) + d.sigma * np.random.default_rng(7).standard_normal(20000))
         return float(np.clip(np.rint(x), d.min, d.max).mean())

@@ -2,9 +2,10 @@
 simulator's ground truth.
 
 The ground truth is what the simulated hardware really does: stage-time models at
-``prior_scale = 1``, switch costs from the profile priors or the scenario's ``costs``
-overrides.  The scheduler never sees it; it starts from priors scaled by
-``sim.prior_scale`` and calibrates on the measurements the simulator reports.
+``prior_scale = 1`` (or the coefficients a real run measured, ``calibration``), switch
+costs from the profile priors or the scenario's ``costs`` overrides.  The scheduler never
+sees it; it starts from priors scaled by ``sim.prior_scale`` and calibrates on the
+measurements the simulator reports.
 """
 
 from __future__ import annotations
@@ -30,13 +31,16 @@ class Truth:
     switch: dict[str, float]
     colocated_switch_s: float
     noise_cv: float
+    step_overhead_s: float = 0.0  # a training step's time after its micro-batches and all-reduce
+    reprefill_on_sync: bool = False  # a weight update re-prefills the running responses
+    startup_s: float = 0.0  # nothing happens before (a real run's start-up)
 
 
 def build(sc: Scenario) -> tuple[ClusterSpec, Truth, ResponseLengths]:
     hw, m = lookup(HARDWARE, sc.hardware, "hardware"), lookup(MODELS, sc.model, "model")
     p, w = sc.pools, sc.workload
     lengths = ResponseLengths(w.response_length, w.prompts_per_step, w.group_size, sc.seed)
-    cap = max_concurrency(hw, m, p.rollout_tp, w.prompt_tokens + lengths.mean())
+    cap = sc.calibration.replica_cap or max_concurrency(hw, m, p.rollout_tp, w.prompt_tokens + lengths.mean())
     if cap == 0:
         raise ScenarioError(f"pools.rollout_tp: {sc.model} does not fit on {p.rollout_tp} "
                             f"x {sc.hardware} with room for a KV cache; raise rollout_tp")
@@ -64,10 +68,19 @@ def _truth(sc: Scenario, hw, m) -> Truth:
         hw, m, sc.devices > hw.devices_per_node)
     colocated = c.colocated_switch_s if c.colocated_switch_s is not None else \
         sw["roll_on_train.c_in"]
+    cal = sc.calibration
+    rollout = RolloutStageModel(hw, m, p.rollout_tp)
+    train, aux = TrainStageModel(hw, m, p.train.tp), TrainStageModel(hw, m, p.rollout_tp)
+    aux_theta = cal.aux_micro or (cal.train_micro if p.rollout_tp == p.train.tp else None)
+    for model, theta in ((rollout.decode, cal.decode), (rollout.prefill, cal.prefill),
+                         (train.micro, cal.train_micro), (aux.micro, aux_theta)):
+        if theta is not None:
+            model.theta = list(theta)
+    overhead = cal.train_step_overhead_s
     return Truth(
-        rollout=RolloutStageModel(hw, m, p.rollout_tp),
-        train=TrainStageModel(hw, m, p.train.tp),
-        aux=TrainStageModel(hw, m, p.rollout_tp),
+        rollout=rollout, train=train, aux=aux,
         weight_sync_s=sync, switch=sw, colocated_switch_s=colocated,
         noise_cv=sc.sim.timing_noise_cv,
+        step_overhead_s=train.optimizer_s() if overhead is None else overhead,
+        reprefill_on_sync=cal.reprefill_on_sync, startup_s=cal.startup_s,
     )

@@ -1,0 +1,65 @@
+"""A run's ``scenario.yaml``: it loads, simulates every policy, and predicts the run.
+
+The runs are the real runtime's executor on fake devices (``fake_run.py``, a virtual
+clock): the same ``DeviceExecutor``, profile and export as ``bidirl train``.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from fake_run import run_fake
+from test_executor_fake import WORKLOADS
+
+from bidirl.policy import policy_names
+from bidirl.runtime import calibrated_scenario
+from bidirl.sim.run import simulate
+from bidirl.sim.scenario import load
+from bidirl.sim.workload import ResponseLengths
+
+
+def _export(tmp_path, policy: str, workload: str):
+    run = run_fake(policy, **WORKLOADS[workload])
+    cfg = SimpleNamespace(scheduler=SimpleNamespace(policy=policy), run=SimpleNamespace(seed=0))
+    path = calibrated_scenario.write(tmp_path, cfg, run.executor, run.intervals)
+    return run, path
+
+
+def _tokens_per_s(run) -> float:
+    steps = run.executor.steps.values()
+    return sum(r.total_tokens for r in steps) / max(r.finished_s for r in steps)
+
+
+def test_the_scenario_loads_and_simulates_every_policy(tmp_path):
+    run, path = _export(tmp_path, "bidirl", "train-heavy")
+    assert path == tmp_path / "scenario.yaml"
+    kinds = {json.loads(line)["event"] for line in (tmp_path / "profile.jsonl").read_text().splitlines()}
+    assert kinds == {"StageMeasured", "WeightsSynced", "GroupsCompleted", "TrainStepFinished"}
+    sc = load(path)
+    cal = sc.calibration
+    assert cal.decode and cal.prefill and cal.train_micro and cal.aux_micro and cal.reprefill_on_sync
+    assert cal.replica_cap == run.spec.replica_cap and sc.steps == run.spec.steps
+    assert sc.costs.train_on_roll_c_in_s == pytest.approx(0.01)  # measured, not the prior
+    for policy in policy_names():
+        r = simulate(sc, policy, record_intervals=False)
+        assert r.groups_lost == 0 and r.extra["ledger_ok"]
+
+
+def test_the_lengths_are_the_runs_own_in_group_order(tmp_path):
+    run, path = _export(tmp_path, "async", "rollout-heavy")
+    sc = load(path)
+    lengths = ResponseLengths(sc.workload.response_length, sc.workload.prompts_per_step,
+                              sc.workload.group_size, sc.seed)
+    for g in range(run.spec.total_groups):
+        trained = tuple(len(run.responses[(g, i)].token_ids) for i in range(run.spec.group_size))
+        assert lengths.lengths(g) == trained
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+@pytest.mark.parametrize("policy", ["async", "bidirl"])
+def test_the_scenario_predicts_the_run_it_came_from(tmp_path, workload, policy):
+    run, path = _export(tmp_path, policy, workload)
+    predicted = simulate(load(path), policy, record_intervals=False).throughput_tokens_per_s
+    assert predicted / _tokens_per_s(run) == pytest.approx(1.0, abs=0.1)

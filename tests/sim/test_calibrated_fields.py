@@ -1,0 +1,80 @@
+"""The scenario fields a real run's ``scenario.yaml`` uses: measured stage models, the
+replica cap, re-prefill after a weight update, a per-step overhead, empirical lengths."""
+
+import dataclasses
+
+import pytest
+
+from bidirl.perf.scenario import Calibration, ResponseLength
+from bidirl.sim.run import simulate
+from bidirl.sim.scenario import ScenarioError, from_dict, load
+from bidirl.sim.workload import ResponseLengths
+from bidirl.sim.world import build
+
+CALIBRATED = {
+    "name": "cal", "hardware": "cpu-core", "model": "tiny-qwen2", "devices": 2, "steps": 4,
+    "workload": {"prompts_per_step": 4, "group_size": 4, "prompt_tokens": 12,
+                 "response_length": {"dist": "empirical", "min": 1, "max": 64,
+                                     "values": [5, 64, 30, 12, 1, 2, 3, 64]}},
+    "pools": {"rollout_devices": 1, "train_devices": 1, "train": {"dp": 1, "tp": 1}},
+    "sim": {"timing_noise_cv": 0.0, "prior_scale": 1.0, "micro_batch_tokens": 300},
+    "calibration": {"decode": [0.03, 1e-4, 1e-7], "prefill": [0.01, 2e-4],
+                    "train_micro": [0.0, 7e-4, 1e-6], "train_step_overhead_s": 0.06,
+                    "replica_cap": 12, "reprefill_on_sync": True, "startup_s": 0.5},
+}
+
+
+def test_calibration_replaces_the_rooflines_of_the_simulated_hardware():
+    sc = from_dict(CALIBRATED)
+    spec, truth, _ = build(sc)
+    assert truth.rollout.decode.theta == [0.03, 1e-4, 1e-7]
+    assert truth.rollout.prefill.theta == [0.01, 2e-4]
+    assert truth.train.micro.theta == [0.0, 7e-4, 1e-6]
+    assert truth.aux.micro.theta == truth.train.micro.theta  # aux_micro null: same devices
+    assert truth.step_overhead_s == 0.06 and truth.reprefill_on_sync and truth.startup_s == 0.5
+    assert spec.replica_cap == 12
+    plain = build(load("tiny-cpu"))[1]  # no calibration: the profile's roofline, as before
+    assert plain.rollout.decode.theta != truth.rollout.decode.theta and not plain.reprefill_on_sync
+
+
+def test_empirical_lengths_are_replayed_in_group_order():
+    d = ResponseLength(dist="empirical", max=64, values=(5, 64, 30, 12, 1, 2, 3, 64))
+    lengths = ResponseLengths(d, groups_per_step=2, group_size=4, seed=0)
+    assert lengths.lengths(0) == (5, 64, 30, 12) and lengths.lengths(1) == (1, 2, 3, 64)
+    assert lengths.lengths(2) == (5, 64, 30, 12)  # cycled
+    assert lengths.mean() == pytest.approx(181 / 8)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"calibration": {"decode": [0.1, 0.2]}}, "calibration.decode"),
+    ({"calibration": {"train_micro": [0.1, -0.2, 0.0]}}, "calibration.train_micro"),
+    ({"calibration": {"replica_cap": 0}}, "calibration.replica_cap"),
+    ({"workload": {"response_length": {"dist": "empirical"}}}, "workload.response_length.values"),
+    ({"workload": {"response_length": {"dist": "empirical", "min": 1, "max": 8, "values": [3, 9]}}},
+     "workload.response_length.values"),
+])
+def test_bad_calibration_fields_are_named(change, field):
+    data = {**CALIBRATED, **change}
+    with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
+        from_dict(data)
+
+
+def test_every_policy_runs_a_calibrated_scenario():
+    sc = from_dict(CALIBRATED)
+    for policy in ("sync", "one-step-off", "async", "roll-borrow", "train-borrow",
+                   "bidirl-opportunistic", "bidirl"):
+        r = simulate(sc, policy, record_intervals=False)
+        assert r.groups_lost == 0 and r.extra["ledger_ok"]
+
+
+def test_reprefill_after_a_weight_update_the_step_overhead_and_the_startup_cost_throughput():
+    base = from_dict(CALIBRATED)
+    cal = base.calibration
+    for change in ({"reprefill_on_sync": False}, {"train_step_overhead_s": 0.0}, {"startup_s": 0.0}):
+        lighter = base.replace(calibration=dataclasses.replace(cal, **change))
+        assert (simulate(lighter, "async").throughput_tokens_per_s
+                > simulate(base, "async").throughput_tokens_per_s), change
+    r = simulate(base, "async")  # nothing runs during the start-up: every device idles
+    first = min((iv for iv in r.intervals if iv.activity.value != "idle"), key=lambda iv: iv.start_s)
+    assert first.start_s >= 0.5
+    assert Calibration().decode is None and not Calibration().reprefill_on_sync
