@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from bidirl.policy import policy_names
@@ -23,9 +24,51 @@ class UserError(Exception):
     """A problem with what the user asked for, reported without a traceback."""
 
 
-def _write_json(path: str, data) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+def _count(low: int):
+    """An argparse type: an integer >= ``low`` (argparse reports a bad one in one line, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _check_outputs(args: argparse.Namespace, *flags: str) -> None:
+    """Each output path given (``--json``, ``--trace``, ``--plot``) can be written: checked before
+    the work, so a typo does not cost a whole simulation."""
+    for flag in flags:
+        path = getattr(args, flag.lstrip("-"), None)
+        if not path:
+            continue
+        p = Path(path)
+        if p.is_dir():
+            raise UserError(f"{flag}: {p} is a directory; give a file name")
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"{flag}: cannot create the directory {p.parent}: {e.strerror or e}") from None
+
+
+@contextmanager
+def _output(flag: str, path: str):
+    """Turns an ``OSError`` while writing ``flag``'s file into a one-line ``UserError``."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"{flag}: cannot write {path}: {e.strerror or e}") from None
+
+
+def _write_json(path: str, data, flag: str = "--json") -> None:
+    with _output(flag, path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _summary(r) -> str:
@@ -53,6 +96,7 @@ def _progress(done: int, total: int, what: str) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from bidirl.sim import scenario as scn
 
+    _check_outputs(args, "--json", "--trace", "--plot")
     if args.grid:
         return _simulate_grid(args)
     sc = scn.load(args.scenario)
@@ -80,15 +124,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         from bidirl.obs.trace import write_chrome_trace
 
-        sha = write_chrome_trace(result.intervals, args.trace,
-                                 process_name=f"bidirl sim {sc.name}")
+        with _output("--trace", args.trace):
+            sha = write_chrome_trace(result.intervals, args.trace, process_name=f"bidirl sim {sc.name}")
         print(f"  trace   -> {args.trace} (sha256 {sha[:16]}...; "
               "open in ui.perfetto.dev or chrome://tracing)")
     if args.plot:
         from bidirl.obs.timeline_plot import plot_timeline
 
-        plot_timeline(result.intervals, args.plot,
-                      title=f"{sc.name} / {args.policy}: {result.throughput_tokens_per_s:,.0f} tok/s")
+        with _output("--plot", args.plot):
+            plot_timeline(result.intervals, args.plot,
+                          title=f"{sc.name} / {args.policy}: {result.throughput_tokens_per_s:,.0f} tok/s")
         print(f"  plot    -> {args.plot}")
     return 0
 
@@ -121,6 +166,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from bidirl.planner import plan as planner
     from bidirl.sim import scenario as scn
 
+    _check_outputs(args, "--json")
     sc = scn.load(args.scenario)
     result = planner.plan(sc, top_k=args.top)
     print(result.format() if hasattr(result, "format") else result)
@@ -172,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("simulate", help="simulate a policy on a scenario (or a grid)")
     s.add_argument("--scenario", default="default", help="built-in name or path to a .yaml")
     s.add_argument("--policy", default="bidirl", choices=policy_names())
-    s.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
-    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--steps", type=_count(1), default=None, help="override the scenario's steps")
+    s.add_argument("--seed", type=_count(0), default=None)
     s.add_argument("--json", help="write the figures as JSON here (RunResult.to_json); its "
                    "trace_sha256 is the recorder's streaming sha256 over every interval, the same "
                    "with or without --trace (the trace file's own sha256 is printed after 'trace ->')")
@@ -188,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="choose a resource envelope for a scenario")
     pl.add_argument("--scenario", default="default")
-    pl.add_argument("--top", type=int, default=5)
+    pl.add_argument("--top", type=_count(1), default=5, help="how many envelopes to list (>= 1)")
     pl.add_argument("--json")
     pl.set_defaults(func=cmd_plan)
 

@@ -114,6 +114,32 @@ def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):
     assert _same_params(a, b)
 
 
+def test_checkpoint_loaded_with_another_lr_trains_with_the_new_one(tiny_model_dir, tmp_path):
+    """A resume may change trainer.lr: the loaded optimizer state keeps its moments, the
+    config's lr (not the saved param group's) drives the next step."""
+    import dataclasses
+
+    step1 = make_microbatches(_samples(tiny_model_dir, 4, seed=1), 2)
+    step2 = make_microbatches(_samples(tiny_model_dir, 4, seed=2), 2)
+    a = TorchTrainer(tiny_model_dir, CFG)
+    a.train_step(step1)
+    a.save_checkpoint(tmp_path / "ckpt")
+
+    slow = dataclasses.replace(CFG, lr=CFG.lr / 10)
+    b = TorchTrainer(tiny_model_dir, slow)
+    b.load_checkpoint(tmp_path / "ckpt")
+    assert [g["lr"] for g in b.optimizer.param_groups] == [slow.lr]
+    ref = TorchTrainer(tiny_model_dir, CFG)  # the saved run's trainer, its lr lowered by hand
+    ref.load_checkpoint(tmp_path / "ckpt")
+    for g in ref.optimizer.param_groups:
+        g["lr"] = slow.lr
+    b.train_step(step2)
+    ref.train_step(step2)
+    assert _same_params(b, ref)
+    a.train_step(step2)
+    assert not _same_params(a, b), "the old lr would have moved the weights further"
+
+
 def test_save_pretrained_loads_as_hf(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
