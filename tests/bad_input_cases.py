@@ -151,8 +151,30 @@ def make_fixtures(f: Path) -> None:
                              "reward_model": [{"ground_truth": "1"}]}), f / "source_int.parquet")
 
 
+def _checkpoint(run: Path, step: int, pps: int) -> None:
+    """A checkpoint the resume checks accept (whole files, the ledger up to it), and no more."""
+    import struct
+    import zipfile
+
+    ck = run / "checkpoints" / f"step_{step}"
+    (ck / "trainer").mkdir(parents=True)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    (ck / "trainer" / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 16)
+    with zipfile.ZipFile(ck / "trainer" / "optimizer.pt", "w") as z:
+        z.writestr("data.pkl", b"x")
+    (ck / "trainer" / "trainer_state.json").write_text(json.dumps({"version": step}))
+    (ck / "state.json").write_text(json.dumps({"next_step": step, "cursor": {}, "store": {"groups": []},
+                                               "rewards_by_step": {str(k): 0.5 for k in range(step)}}))
+    (ck / "COMPLETE").write_text("now")
+    (run / "trained_groups.jsonl").write_text("".join(
+        json.dumps({"group": k * pps + i, "step": k, "staleness": 0}) + "\n" for k in range(step) for i in range(pps)))
+
+
 def _run_dir(d: Path, *overrides: str, checkpoint: str | None = None) -> None:
-    """``d/run``: a run directory as a run that wrote its config (and maybe a checkpoint) leaves it."""
+    """``d/run``: a run directory as a run that wrote its config (and maybe a checkpoint) leaves it.
+
+    ``checkpoint``: None, ``torn`` (one whose state.json is cut short) or ``finished`` (a
+    whole one at ``run.steps``)."""
     import yaml
 
     from bidirl.runtime.config import load_config
@@ -166,6 +188,8 @@ def _run_dir(d: Path, *overrides: str, checkpoint: str | None = None) -> None:
         ck.mkdir(parents=True)
         (ck / "state.json").write_text('{"next_step": 2, "cur')
         (ck / "COMPLETE").write_text("now")
+    elif checkpoint == "finished":
+        _checkpoint(run, cfg.run.steps, cfg.rollout.prompts_per_step)
 
 
 def _resume_dir(*overrides: str, checkpoint: str | None = None) -> Callable[[Path], None]:
@@ -209,6 +233,23 @@ def _trained_from_0(d: Path, stderr: str) -> str | None:
     if "no complete checkpoint yet: starting from step 0" not in stderr:
         return "did not say it starts from step 0"
     return None if _summary(d).get("audit_ok") else "audit failed"
+
+
+def _finished(d: Path, stderr: str) -> str | None:
+    if "this run is finished" not in stderr:
+        return "did not say the run is finished"
+    return "started workers" if "workers up" in stderr else None
+
+
+def _lr_recorded(d: Path, stderr: str) -> str | None:
+    problem = _finished(d, stderr)
+    if problem:
+        return problem
+    path = d / "run" / "resume_changes.jsonl"
+    if not path.is_file():
+        return "resume_changes.jsonl not written"
+    rec = [json.loads(ln) for ln in path.read_text().splitlines()]
+    return None if [(r["field"], r["new"]) for r in rec] == [("trainer.lr", 1e-4)] else f"recorded {rec}"
 
 
 def _plan_ok(d: Path, stderr: str) -> str | None:
@@ -287,6 +328,7 @@ CASES: list[Case] = [
     _train("section typo", "trainr.lr=1e-4", names="did you mean trainer"),
     _train("override without =", "trainer.lr", names="trainer.lr"),
     _train("override with empty key", "=5", names="override"),
+    _train("override value not YAML", "trainer.betas=[0.9", names="trainer.betas"),
     # --- config files
     _train("--config missing", "--config", "{d}/nope.yaml", names="nope.yaml", area="yaml"),
     _train("--config top level a list", "--config", "{f}/configs/list.yaml", names="list.yaml", area="yaml"),
@@ -375,6 +417,8 @@ CASES: list[Case] = [
          names="pools.rollout_tp", area="scenario"),
     Case("plan on a list scenario", ("plan", "--scenario", "{f}/scenarios/list.yaml"), names="list",
          area="scenario"),
+    Case("plan on a bad lengths file", ("plan", "--scenario", "{f}/scenarios/bad_lengths.yaml"),
+         names="lengths.txt", area="scenario"),
     Case("scenario a directory", ("simulate", "--scenario", "{f}/scenarios"), names="scenarios", area="scenario"),
     # --- simulate / plan flags
     Case("simulate --steps 0", ("simulate", "--steps", "0"), names="--steps", area="flags"),
@@ -390,6 +434,8 @@ CASES: list[Case] = [
          area="flags"),
     Case("simulate --plot to a missing drive", ("simulate", "--steps", "2", "--plot", "/proc/nope/x.png"),
          names="--plot", area="flags"),
+    Case("simulate --trace into a directory", ("simulate", "--steps", "2", "--trace", "{d}"), names="--trace",
+         area="flags"),
     Case("plan --top 0", ("plan", "--top", "0"), names="--top", area="flags"),
     Case("plan --top -2", ("plan", "--top", "-2"), names="--top", area="flags"),
     Case("plan --top word", ("plan", "--top", "many"), names="--top", area="flags"),
@@ -419,6 +465,12 @@ CASES: list[Case] = [
          area="resume"),
     Case("--resume only a damaged checkpoint", ("train", "--resume", "{d}/run"), names="step_2",
          setup=_resume_dir(checkpoint="torn"), area="resume"),
+    Case("--resume a finished run", ("train", "--resume", "{d}/run"), expect="ok", check=_finished,
+         setup=_resume_dir("run.steps=3", checkpoint="finished"), area="resume"),
+    Case("--resume a finished run, new lr", ("train", "--resume", "{d}/run", "trainer.lr=1e-4"), expect="ok",
+         check=_lr_recorded, setup=_resume_dir("run.steps=3", checkpoint="finished"), area="resume"),
+    Case("--resume run.steps below the checkpoint", ("train", "--resume", "{d}/run", "run.steps=2"),
+         names="run.steps", setup=_resume_dir("run.steps=3", checkpoint="finished"), area="resume"),
     Case("--run-dir not empty", ("train", "--run-dir", "{d}/taken"), names="--resume", setup=_nonempty,
          area="resume"),
     Case("--run-dir is a file", ("train", "--run-dir", "{d}/file"), names="file", setup=_file_at("file"),

@@ -207,11 +207,11 @@ def read_lengths(path: str) -> list[int]:
         except ValueError:
             v = 0
         if v < 1:
-            raise ScenarioError(f"{where}: line {i} is {line.strip()!r:.40}; allowed: a positive integer (tokens) "
-                                "a line")
+            raise ScenarioError(f"{where}: line {i} is {line.strip()!r:.40}; allowed: one positive integer "
+                                "(tokens) per line")
         values.append(v)
     if not values:
-        raise ScenarioError(f"{where}: holds no lengths; allowed: positive integers (tokens), one a line")
+        raise ScenarioError(f"{where}: holds no lengths; allowed: one positive integer (tokens) per line")
     return values
 
 
