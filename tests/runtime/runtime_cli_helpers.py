@@ -17,8 +17,7 @@ def bidirl_cmd(*args: str) -> list[str]:
 
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
-               RAY_AUTH_MODE="disabled")
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
     return subprocess.run(bidirl_cmd(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -26,7 +25,6 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 def run_script(path: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """A test-only driver script (e.g. ``faulty_train.py``) with the CLI's environment."""
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
-               RAY_AUTH_MODE="disabled")
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
     return subprocess.run([sys.executable, path, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env)

@@ -41,8 +41,7 @@ def _reward_steps(run) -> list[int]:
 def test_signal_stops_at_a_step_boundary_and_resume_trains_each_group_once(tmp_path, sig, real_runtime_available):
     run, steps = tmp_path / "run", 6
     args = ["train", "--run-dir", str(run), *ARGS, f"run.steps={steps}", "run.checkpoint_every=0"]
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
-               RAY_AUTH_MODE="disabled")
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
     err_path = tmp_path / "stderr.txt"
     with err_path.open("w") as err:
         proc = subprocess.Popen(bidirl_cmd(*args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
