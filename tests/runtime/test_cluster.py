@@ -2,6 +2,7 @@
 
 import glob
 import os
+import stat
 import subprocess
 import sys
 
@@ -19,6 +20,9 @@ def test_private_ray_removes_its_temp_dir():
         assert ray.is_initialized()
         ours = set(glob.glob("/tmp/bidirl-ray-*")) - before
         assert len(ours) == 1
+        (mine,) = ours
+        assert stat.S_IMODE(os.stat(mine).st_mode) == 0o700, "only this user may enter it"
+        assert ray._private.worker._global_node.get_temp_dir_path().startswith(mine + "/")
     assert not (set(glob.glob("/tmp/bidirl-ray-*")) & ours)
 
 

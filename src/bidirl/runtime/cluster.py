@@ -6,7 +6,7 @@ temp dir, shut down only that one, and remove its temp dir when it ends.
 
 Loopback alone does not keep other users of a shared host out: any local account can
 connect to a port on 127.0.0.1, and a Ray cluster runs whatever code a client sends it.
-So the private instance uses Ray's token authentication (Ray >= 2.52; the pin is 2.60):
+So the private instance uses Ray's token authentication (the pinned Ray 2.60 has it):
 every run draws a fresh random token (256 bits), puts it in this process's environment
 (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``), which Ray's own processes inherit, and
 takes both out again when the instance ends.  The token is written to no file and no
@@ -14,7 +14,9 @@ log; ``/proc/PID/environ`` shows it only to the same user (and root), who could 
 the run's processes anyway.  A client without it is refused
 (``tests/runtime/test_cluster.py``).  Whatever ``RAY_AUTH_MODE`` the caller's environment
 holds, a private instance is always authenticated; joining a cluster (``--ray-address``)
-leaves authentication to that cluster's settings in the environment.
+leaves authentication to that cluster's settings in the environment.  Ray's temp dir
+(sockets, logs, spilled objects; Ray makes it world-writable) lies inside a 0700
+directory of ours, so other users cannot enter it either.
 """
 
 from __future__ import annotations
@@ -87,11 +89,13 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, log_lev
         finally:
             ray.shutdown()
         return
-    # Short path: Ray's unix socket names must stay under ~107 characters.
+    # Short path: Ray's unix socket names must stay under ~107 characters.  Ray makes its
+    # temp dir world-writable (chmod 0777); it goes one level inside ours, which mkdtemp
+    # makes 0700, so no other user can reach the sockets, logs or spilled objects in it.
     tmp = tempfile.mkdtemp(prefix="bidirl-ray-", dir="/tmp")
     try:
         with private_token():
-            ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=tmp,
+            ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=os.path.join(tmp, "r"),
                      _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False,
                      logging_level=level)
             try:
