@@ -9,6 +9,7 @@ data file, reward file, scenario, flag, resume), each under a second or two.
 from __future__ import annotations
 
 import pytest
+
 from bad_input_cases import FAST, OK_CLASSES, cases, classify, make_fixtures, run_case
 
 SUBSET = cases(FAST)

@@ -27,9 +27,10 @@ def test_private_ray_removes_its_temp_dir():
 
 
 def test_private_ray_refuses_a_client_without_its_token(monkeypatch):
-    """Even with ``RAY_AUTH_MODE=disabled`` in the caller's environment, the private instance uses a fresh token; a local client without it (or with
-    another) is refused, one with it is not; the token is in no file of the instance's temp dir; the
-    environment is as before once the instance ends."""
+    """Even with ``RAY_AUTH_MODE=disabled`` in the caller's environment, the private instance
+    uses a fresh token; a local client without it (or with another) is refused, one with it
+    is not; the token is in no file of the instance's temp dir; the environment is as before
+    once the instance ends."""
     pytest.importorskip("ray")
     from ray._private.authentication.authentication_utils import is_token_auth_enabled
 
