@@ -396,3 +396,16 @@ def test_a_refused_checkpoint_leaves_no_partial_directory(tmp_path):
         s.checkpoint(4, RefusingTrainer())
     assert not (run / "checkpoints" / "step_4").exists()
     assert (run / "checkpoints" / "step_3" / "COMPLETE").is_file()
+
+
+def test_a_run_that_fails_before_start_up_leaves_no_directory(tmp_path):
+    """The same command, its data fixed, can then use the same --run-dir."""
+    from bidirl.algo.data import DataError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 3, "data_source": "add", "reward_model": {"ground_truth": "1"}}\n')
+    run = tmp_path / "run"
+    for _ in range(2):  # the second time is the same error, not "run directory exists"
+        with pytest.raises(DataError, match="row 0"):
+            train.main(_args("--run-dir", str(run), f"data.files={bad}"))
+        assert not run.exists()

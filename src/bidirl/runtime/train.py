@@ -437,6 +437,18 @@ def resolve_run_dir(cfg: TrainConfig, resume: str | None, run_dir: str | None) -
     return p
 
 
+def _remove_unstarted(run_dir: Path) -> None:
+    """A new run that failed before writing anything but its ``config.yaml`` (bad data, a bad
+    reward, the machine too small) leaves no directory behind, so the same command, once
+    fixed, can use it again."""
+    try:
+        if {p.name for p in run_dir.iterdir()} <= {"config.yaml"}:
+            (run_dir / "config.yaml").unlink(missing_ok=True)
+            run_dir.rmdir()
+    except OSError:
+        pass
+
+
 def main(args, wrap_backend=None) -> int:
     """``bidirl train``; ``wrap_backend`` is the tests' fault-injection seam (see TrainSession).
 
@@ -478,7 +490,12 @@ def main(args, wrap_backend=None) -> int:
         session = TrainSession(cfg, run_dir, resume=False, wrap_backend=wrap_backend)
     if args.ray_address:
         cfg.cluster.ray_address = args.ray_address
-    summary = session.run()
+    try:
+        summary = session.run()
+    except BaseException:
+        if not args.resume:
+            _remove_unstarted(run_dir)
+        raise
     print(json.dumps({k: summary.get(k) for k in ("steps", "wall_s", "reward_first_50", "reward_last_50", "val_score",
                                                   "throughput_tokens_per_s", "groups_trained", "audit_ok")},
                      indent=1))
