@@ -587,6 +587,11 @@ def run_case(case: Case, work: Path, fixtures: Path, timeout: float | None = Non
 
 def run_cases(selected: list[Case], work: Path, progress: Callable[[Outcome], None] | None = None,
               timeout: float | None = None) -> list[Outcome]:
+    import bidirl
+
+    here = Path(bidirl.__file__).resolve()
+    if not here.is_relative_to(ROOT / "src"):  # the set-ups would write another checkout's config
+        raise RuntimeError(f"bidirl is imported from {here}, not from {ROOT / 'src'}; put it first on PYTHONPATH")
     fixtures = work / "fixtures"
     make_fixtures(fixtures)
     out = []

@@ -408,7 +408,8 @@ def check_saved_config(path: Path) -> None:
     if missing:
         raise ConfigError(f"--resume: {path} does not state {', '.join(missing[:4])}"
                           f"{f' and {len(missing) - 4} more' if len(missing) > 4 else ''}, which the run's "
-                          "data stream and ledger depend on: the file is cut short or was edited; restore it")
+                          "data stream and ledger depend on: the file is cut short or was edited (or written before "
+                          "these fields existed); restore it, or add them with the values the run used")
 
 
 def write_config(run_dir: Path, cfg: TrainConfig) -> None:
