@@ -340,8 +340,8 @@ in ``RUN_DIR/resume_changes.jsonl``.  Everything else is refused, because the ch
 and the ledger depend on it: group ids and sizes (``rollout.prompts_per_step``,
 ``rollout.group_size``), the prompt sequence and rewards (``data.*``), the samples
 (``rollout.max_new_tokens``, ``max_new_tokens_start``, ``temperature``, ``top_p``,
-``top_k``, ``run.seed``), the staleness bound the audit checks (``scheduler.staleness``), the model (``model.*``) and the directory
-(``run.run_dir``).
+``top_k``, ``run.seed``), the staleness bound the audit checks (``scheduler.staleness``),
+the model (``model.*``) and the directory (``run.run_dir``).
 """
 RESUME_CHANGES = "resume_changes.jsonl"
 
