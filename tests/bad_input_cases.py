@@ -101,6 +101,7 @@ CONFIGS = {
     "typo_section.yaml": "trainr: {lr: 0.001}\n",
     "section_list.yaml": "trainer: [1, 2]\n",
     "bad_value.yaml": "rollout: {group_size: 1}\n",
+    "alias_conflict.yaml": "data: {train_batch_size: 8}\nrollout: {prompts_per_step: 4}\n",
 }
 
 _ROW = {"prompt": "copy 12", "data_source": "copy", "reward_model": {"ground_truth": "12"}}
@@ -329,6 +330,23 @@ CASES: list[Case] = [
     _train("override without =", "trainer.lr", names="trainer.lr"),
     _train("override with empty key", "=5", names="override"),
     _train("override value not YAML", "trainer.betas=[0.9", names="trainer.betas"),
+    _train("trainer.lr_schedule unknown", "trainer.lr_schedule=step", names="trainer.lr_schedule"),
+    _train("trainer.lr_min_ratio over 1", "trainer.lr_min_ratio=2", names="trainer.lr_min_ratio"),
+    _train("rollout.top_p zero", "rollout.top_p=0", names="rollout.top_p"),
+    _train("rollout.top_k below -1", "rollout.top_k=-5", names="rollout.top_k"),
+    _train("rollout.max_new_tokens_start zero", "rollout.max_new_tokens_start=0",
+           names="rollout.max_new_tokens_start"),
+    _train("data.val_files missing", "data.val_files={d}/missing.parquet", names="data.val_files[0]"),
+    _train("data.val_max_samples zero", "data.val_max_samples=0", names="data.val_max_samples"),
+    _train("run.wandb without the package", "run.wandb=true", names="run.wandb"),
+    _train("run.worker_log_level unknown", "run.worker_log_level=loud", names="run.worker_log_level"),
+    _train("veRL field bidirl does not take", "actor_rollout_ref.actor.ppo_epochs=2",
+           names="actor_rollout_ref.actor.ppo_epochs"),
+    _train("veRL alias and field disagree", "--config", "{f}/configs/alias_conflict.yaml",
+           names="rollout.prompts_per_step", area="yaml"),
+    _train("veRL alias bad value", "actor_rollout_ref.rollout.n=1", names="rollout.group_size"),
+    Case("--print-config bad field", ("train", "--print-config", "trainer.lrr=1"), names="did you mean lr",
+         area="config"),
     # --- config files
     _train("--config missing", "--config", "{d}/nope.yaml", names="nope.yaml", area="yaml"),
     _train("--config top level a list", "--config", "{f}/configs/list.yaml", names="list.yaml", area="yaml"),
