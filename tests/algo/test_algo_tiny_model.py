@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import torch
 
 from bidirl.algo.tasks import get_task
@@ -85,14 +84,3 @@ def test_warm_start_gives_partial_reward(tiny_model_dir, tmp_path):
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     warm_start(tiny_model_dir, out, tasks=("copy",))
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
-
-
-@pytest.mark.vllm
-def test_cpu_head_sizes_are_vllms():
-    """``model.tiny_hidden`` is checked against this list before start-up; it must be vLLM's."""
-    pytest.importorskip("vllm")
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    from bidirl.algo.tiny_model import CPU_HEAD_SIZES
-
-    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES

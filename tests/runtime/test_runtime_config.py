@@ -32,8 +32,6 @@ def test_yaml_then_overrides(tmp_path):
     ("data.seed=-1", "data.seed"),
     ("run.seed=-1", "run.seed"),
     ("run.seed=4294967296", "run.seed"),
-    ("model.tiny_hidden=7", "model.tiny_hidden"),
-    ("model.tiny_hidden=136", "model.tiny_hidden"),  # 4 heads of 34: no CPU attention kernel
     ("trainer.betas=[0.9,1.0]", "trainer.betas"),
     ("trainer.betas=[0.9", "trainer.betas"),  # not YAML
     ("=3", "=3"),
@@ -44,18 +42,6 @@ def test_bad_values_name_the_field(override, field):
     msg = str(e.value)
     # "field: what is wrong", or, for an override that is not key=value, the override quoted
     assert msg.startswith(f"{field}: ") or msg.startswith(f"override '{field}'"), msg
-
-
-def test_tiny_hidden_fits_the_heads_and_the_attention_kernels():
-    for hidden in (128, 256, 320, 512):
-        assert load_config(None, [f"model.tiny_hidden={hidden}"]).model.tiny_hidden == hidden
-    assert load_config(None, ["cluster.device=cuda", "model.tiny_hidden=160"]).model.tiny_hidden == 160
-    with pytest.raises(ConfigError, match=r"model.tiny_hidden: must be one of 128, 256, 320.*4 attention heads"):
-        load_config(None, ["model.tiny_hidden=160"])  # head size 40: not one vLLM's CPU attention runs
-    with pytest.raises(ConfigError, match=r"model.tiny_hidden: must be a multiple of 32 from 128 on"):
-        load_config(None, ["cluster.device=cuda", "model.tiny_hidden=100"])
-    # a local model directory is not the tiny model: tiny_hidden does not apply
-    assert load_config(None, ["model.path=.", "model.tiny_hidden=7"]).model.tiny_hidden == 7
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -36,11 +36,6 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 _MARKER = "bidirl_tiny.json"
-TINY_HEADS, TINY_KV_HEADS = 4, 2
-"""Attention heads of the tiny model ``bidirl train`` builds (``build_tiny_model``'s defaults)."""
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""Head sizes vLLM's CPU attention runs (``CPUAttentionBackend.get_supported_head_sizes`` in
-vllm/v1/attention/backends/cpu_attn.py); another one fails only once the engine starts."""
 
 
 def char_vocab() -> dict[str, int]:
@@ -114,8 +109,8 @@ def tiny_config(layers: int, hidden: int, heads: int, kv_heads: int, max_len: in
                        eos_token_id=vocab[EOS], pad_token_id=vocab[PAD], torch_dtype="float32")
 
 
-def build_tiny_model(out_dir: str | Path, layers: int = 2, hidden: int = 128, heads: int = TINY_HEADS,
-                     kv_heads: int = TINY_KV_HEADS, seed: int = 0, max_len: int = 512) -> Path:
+def build_tiny_model(out_dir: str | Path, layers: int = 2, hidden: int = 128, heads: int = 4, kv_heads: int = 2,
+                     seed: int = 0, max_len: int = 512) -> Path:
     """Write a randomly initialised tiny Qwen2 model + tokenizer to ``out_dir``; return it.
 
     Idempotent: if ``out_dir`` already holds a model built with the same arguments it is

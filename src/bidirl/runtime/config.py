@@ -146,8 +146,6 @@ def _check(c: TrainConfig) -> TrainConfig:
     if c.model.path is not None:
         need(Path(c.model.path).is_dir(), "model.path", "an existing local HF model directory",
              c.model.path)
-    else:
-        need(*_tiny_hidden_ok(c.model.tiny_hidden, c.cluster.device), c.model.tiny_hidden)
     need(all(0 <= b < 1 for b in c.trainer.betas), "trainer.betas", "two numbers in [0, 1)",
          list(c.trainer.betas))
     if not c.data.files:
@@ -167,32 +165,6 @@ def _check(c: TrainConfig) -> TrainConfig:
              c.data.reward_fn)
         need(c.data.reward_fn.endswith(".py"), "data.reward_fn", "a python file (.py)", c.data.reward_fn)
     return c
-
-
-def _tiny_hidden_ok(hidden: int, device: str) -> tuple[bool, str, str]:
-    """(ok, field, what is allowed) for ``model.tiny_hidden``.
-
-    The tiny model has ``TINY_HEADS`` attention heads (``TINY_KV_HEADS`` of them for keys
-    and values), so the hidden size splits into heads of ``hidden / TINY_HEADS``; vLLM's
-    attention accepts only some head sizes: on CPU the ones its CPU attention backend lists
-    (``CPU_HEAD_SIZES``), on CUDA a multiple of 8 from 32 on (both its FlashAttention and
-    Triton backends take these).
-    """
-    from bidirl.algo.tiny_model import CPU_HEAD_SIZES, TINY_HEADS, TINY_KV_HEADS
-
-    head = hidden // TINY_HEADS
-    if device == "cpu":
-        ok = hidden % TINY_HEADS == 0 and head in CPU_HEAD_SIZES
-        sizes = ", ".join(str(TINY_HEADS * h) for h in CPU_HEAD_SIZES)
-        allowed = (f"one of {sizes} (the tiny model has {TINY_HEADS} attention heads, {TINY_KV_HEADS} for keys and "
-                   f"values, each tiny_hidden / {TINY_HEADS} wide: a head size vLLM's CPU attention supports, "
-                   f"{', '.join(map(str, CPU_HEAD_SIZES))})")
-    else:
-        ok = hidden % TINY_HEADS == 0 and head >= 32 and head % 8 == 0
-        allowed = (f"a multiple of {TINY_HEADS * 8} from {TINY_HEADS * 32} on (the tiny model has {TINY_HEADS} "
-                   f"attention heads, each tiny_hidden / {TINY_HEADS} wide: vLLM's GPU attention needs a multiple "
-                   "of 8, at least 32)")
-    return ok, "model.tiny_hidden", allowed
 
 
 VERL_ALIASES: tuple[tuple[str, str], ...] = (
