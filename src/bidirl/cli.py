@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="copy a run's checkpoint out as a Hugging Face model directory")
     e.add_argument("run_dir", help="the run directory (bidirl train --run-dir)")
     e.add_argument("out", help="a new (or empty) directory to write")
-    e.add_argument("--step", type=int, help="the checkpoint's step (default: the newest complete one)")
+    e.add_argument("--step", type=_count(0), help="the checkpoint's step (default: the newest complete one)")
     e.set_defaults(func=cmd_export)
 
     from bidirl.models.make import ARCHS  # torch-free
@@ -271,17 +271,17 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHS))
     m.add_argument("--small", action="store_true", help="2 layers, heads of 32, the tokenizer's own vocabulary "
                    "(same architecture, tying and head grouping): fast on a CPU")
-    m.add_argument("--hidden", type=int, help="hidden_size")
-    m.add_argument("--intermediate", type=int, help="intermediate_size (the MLP)")
-    m.add_argument("--layers", type=int, help="num_hidden_layers")
-    m.add_argument("--heads", type=int, help="num_attention_heads")
-    m.add_argument("--kv-heads", type=int, help="num_key_value_heads")
-    m.add_argument("--head-dim", type=int, help="head_dim (qwen2: hidden / heads)")
-    m.add_argument("--vocab", type=int, help="vocab_size (embedding rows; default: the architecture's, or the "
+    m.add_argument("--hidden", type=_count(1), help="hidden_size")
+    m.add_argument("--intermediate", type=_count(1), help="intermediate_size (the MLP)")
+    m.add_argument("--layers", type=_count(1), help="num_hidden_layers")
+    m.add_argument("--heads", type=_count(1), help="num_attention_heads")
+    m.add_argument("--kv-heads", type=_count(1), help="num_key_value_heads")
+    m.add_argument("--head-dim", type=_count(1), help="head_dim (qwen2: hidden / heads)")
+    m.add_argument("--vocab", type=_count(1), help="vocab_size (embedding rows; default: the architecture's, or the "
                    "tokenizer's with --small)")
-    m.add_argument("--max-position-embeddings", type=int)
+    m.add_argument("--max-position-embeddings", type=_count(1))
     m.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--seed", type=_count(0), default=0)
     m.set_defaults(func=cmd_make_model)
     return p
 
