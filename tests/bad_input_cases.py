@@ -92,6 +92,10 @@ SCENARIOS = {
     "workload_list.yaml": "workload: [1, 2]\n",
     "tp_not_dividing.yaml": "pools: {rollout_devices: 8, train_devices: 8, rollout_tp: 3}\n",
     "bad_lengths.yaml": "workload: {response_length: {dist: file, file: lengths.txt}}\n",
+    "empirical_empty.yaml": "workload: {response_length: {dist: empirical}}\n",
+    "empirical_negative.yaml": "workload: {response_length: {dist: empirical, values: [100, -3]}}\n",
+    "calibration_short.yaml": "calibration: {decode: [0.01]}\n",
+    "calibration_negative.yaml": "calibration: {prefill: [0.01, -1]}\n",
 }
 
 CONFIGS = {
@@ -433,6 +437,16 @@ CASES: list[Case] = [
          names="workload", area="scenario"),
     Case("scenario rollout_tp not dividing", ("simulate", "--scenario", "{f}/scenarios/tp_not_dividing.yaml"),
          names="pools.rollout_tp", area="scenario"),
+    Case("scenario empirical without values", ("simulate", "--scenario", "{f}/scenarios/empirical_empty.yaml"),
+         names="workload.response_length.values", area="scenario"),
+    Case("scenario empirical negative length", ("simulate", "--scenario", "{f}/scenarios/empirical_negative.yaml"),
+         names="workload.response_length.values", area="scenario"),
+    Case("scenario calibration too few coefficients",
+         ("simulate", "--scenario", "{f}/scenarios/calibration_short.yaml"), names="calibration.decode",
+         area="scenario"),
+    Case("scenario calibration negative coefficient",
+         ("simulate", "--scenario", "{f}/scenarios/calibration_negative.yaml"), names="calibration.prefill",
+         area="scenario"),
     Case("plan on a list scenario", ("plan", "--scenario", "{f}/scenarios/list.yaml"), names="list",
          area="scenario"),
     Case("plan on a bad lengths file", ("plan", "--scenario", "{f}/scenarios/bad_lengths.yaml"),
