@@ -25,8 +25,7 @@ def main() -> int:
     extra = sys.argv[1:]
     with tempfile.TemporaryDirectory(prefix="bidirl-default-") as tmp:
         run = Path(tmp) / "run"
-        env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
-                   RAY_AUTH_MODE="disabled")
+        env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
         t0 = time.perf_counter()
         out = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *extra],
                              cwd=ROOT, capture_output=True, text=True, env=env)

@@ -13,7 +13,7 @@ PY=${PY:-.venv/bin/python}
 OUT=${OUT:-out/gpu_smoke}
 mkdir -p "$OUT"
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: skipping the GPU smoke test')"
-export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0
 MODEL="$OUT/qwen2.5-0.5b-shape-random"
 "$PY" - "$MODEL" <<'PY'
 import sys

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from bidirl.policy import policy_names
@@ -23,9 +24,51 @@ class UserError(Exception):
     """A problem with what the user asked for, reported without a traceback."""
 
 
-def _write_json(path: str, data) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+def _count(low: int):
+    """An argparse type: an integer >= ``low`` (argparse reports a bad one in one line, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _check_outputs(args: argparse.Namespace, *flags: str) -> None:
+    """Each output path given (``--json``, ``--trace``, ``--plot``) can be written: checked before
+    the work, so a typo does not cost a whole simulation."""
+    for flag in flags:
+        path = getattr(args, flag.lstrip("-"), None)
+        if not path:
+            continue
+        p = Path(path)
+        if p.is_dir():
+            raise UserError(f"{flag}: {p} is a directory; give a file name")
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"{flag}: cannot create the directory {p.parent}: {e.strerror or e}") from None
+
+
+@contextmanager
+def _output(flag: str, path: str):
+    """Turns an ``OSError`` while writing ``flag``'s file into a one-line ``UserError``."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"{flag}: cannot write {path}: {e.strerror or e}") from None
+
+
+def _write_json(path: str, data, flag: str = "--json") -> None:
+    with _output(flag, path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _summary(r) -> str:
@@ -53,6 +96,7 @@ def _progress(done: int, total: int, what: str) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from bidirl.sim import scenario as scn
 
+    _check_outputs(args, "--json", "--trace", "--plot")
     if args.grid:
         return _simulate_grid(args)
     sc = scn.load(args.scenario)
@@ -80,15 +124,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         from bidirl.obs.trace import write_chrome_trace
 
-        sha = write_chrome_trace(result.intervals, args.trace,
-                                 process_name=f"bidirl sim {sc.name}")
+        with _output("--trace", args.trace):
+            sha = write_chrome_trace(result.intervals, args.trace, process_name=f"bidirl sim {sc.name}")
         print(f"  trace   -> {args.trace} (sha256 {sha[:16]}...; "
               "open in ui.perfetto.dev or chrome://tracing)")
     if args.plot:
         from bidirl.obs.timeline_plot import plot_timeline
 
-        plot_timeline(result.intervals, args.plot,
-                      title=f"{sc.name} / {args.policy}: {result.throughput_tokens_per_s:,.0f} tok/s")
+        with _output("--plot", args.plot):
+            plot_timeline(result.intervals, args.plot,
+                          title=f"{sc.name} / {args.policy}: {result.throughput_tokens_per_s:,.0f} tok/s")
         print(f"  plot    -> {args.plot}")
     return 0
 
@@ -121,6 +166,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from bidirl.planner import plan as planner
     from bidirl.sim import scenario as scn
 
+    _check_outputs(args, "--json")
     sc = scn.load(args.scenario)
     result = planner.plan(sc, top_k=args.top)
     print(result.format() if hasattr(result, "format") else result)
@@ -172,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("simulate", help="simulate a policy on a scenario (or a grid)")
     s.add_argument("--scenario", default="default", help="built-in name or path to a .yaml")
     s.add_argument("--policy", default="bidirl", choices=policy_names())
-    s.add_argument("--steps", type=int, default=None, help="override the scenario's steps")
-    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--steps", type=_count(1), default=None, help="override the scenario's steps")
+    s.add_argument("--seed", type=_count(0), default=None)
     s.add_argument("--json", help="write the figures as JSON here (RunResult.to_json); its "
                    "trace_sha256 is the recorder's streaming sha256 over every interval, the same "
                    "with or without --trace (the trace file's own sha256 is printed after 'trace ->')")
@@ -188,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="choose a resource envelope for a scenario")
     pl.add_argument("--scenario", default="default")
-    pl.add_argument("--top", type=int, default=5)
+    pl.add_argument("--top", type=_count(1), default=5, help="how many envelopes to list (>= 1)")
     pl.add_argument("--json")
     pl.set_defaults(func=cmd_plan)
 
@@ -198,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", help="YAML config file")
     t.add_argument("--resume", help="run directory to continue, from its newest usable checkpoint and with its "
-                   "config.yaml (not with --config or --run-dir); key=value may change only fields that leave "
-                   "the checkpoint's meaning alone (runtime/train.RESUME_SAFE: run.steps, cluster.*, ...)")
+                   "config.yaml (not with --config or --run-dir); key=value may change only fields that do not "
+                   "define the data stream or the ledger (runtime/train.RESUME_SAFE: run.steps, trainer.*, "
+                   "cluster.*, ...), each recorded in RUN_DIR/resume_changes.jsonl")
     t.add_argument("--ray-address", help="join an existing Ray cluster instead")
     t.add_argument("--run-dir", help="where to write the run (default runs/<time>)")
     t.add_argument("--print-config", action="store_true",
@@ -211,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="copy a run's checkpoint out as a Hugging Face model directory")
     e.add_argument("run_dir", help="the run directory (bidirl train --run-dir)")
     e.add_argument("out", help="a new (or empty) directory to write")
-    e.add_argument("--step", type=int, help="the checkpoint's step (default: the newest complete one)")
+    e.add_argument("--step", type=_count(0), help="the checkpoint's step (default: the newest complete one)")
     e.set_defaults(func=cmd_export)
 
     from bidirl.models.make import ARCHS  # torch-free
@@ -224,17 +271,17 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--arch", default="qwen2.5-0.5b", choices=sorted(ARCHS))
     m.add_argument("--small", action="store_true", help="2 layers, heads of 32, the tokenizer's own vocabulary "
                    "(same architecture, tying and head grouping): fast on a CPU")
-    m.add_argument("--hidden", type=int, help="hidden_size")
-    m.add_argument("--intermediate", type=int, help="intermediate_size (the MLP)")
-    m.add_argument("--layers", type=int, help="num_hidden_layers")
-    m.add_argument("--heads", type=int, help="num_attention_heads")
-    m.add_argument("--kv-heads", type=int, help="num_key_value_heads")
-    m.add_argument("--head-dim", type=int, help="head_dim (qwen2: hidden / heads)")
-    m.add_argument("--vocab", type=int, help="vocab_size (embedding rows; default: the architecture's, or the "
+    m.add_argument("--hidden", type=_count(1), help="hidden_size")
+    m.add_argument("--intermediate", type=_count(1), help="intermediate_size (the MLP)")
+    m.add_argument("--layers", type=_count(1), help="num_hidden_layers")
+    m.add_argument("--heads", type=_count(1), help="num_attention_heads")
+    m.add_argument("--kv-heads", type=_count(1), help="num_key_value_heads")
+    m.add_argument("--head-dim", type=_count(1), help="head_dim (qwen2: hidden / heads)")
+    m.add_argument("--vocab", type=_count(1), help="vocab_size (embedding rows; default: the architecture's, or the "
                    "tokenizer's with --small)")
-    m.add_argument("--max-position-embeddings", type=int)
+    m.add_argument("--max-position-embeddings", type=_count(1))
     m.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--seed", type=_count(0), default=0)
     m.set_defaults(func=cmd_make_model)
     return p
 

@@ -41,6 +41,8 @@ def test_defaults_nesting_and_normalisation():
     ({"inner": {"mode": "c"}}, "inner.mode: must be one of a, b, got 'c'"),
     ({"pick": "z"}, "pick: must be one of x, y, got 'z'"),
     ({"inner": {"m": 1}}, "inner.m: unknown field; allowed: mode, n, pair"),
+    ({"inner": {"nn": 1}}, "inner.nn: unknown field; did you mean n? allowed: mode, n, pair"),
+    ({"rat": 0.5}, "rat: unknown field; did you mean rate? allowed: inner, name, pick, rate, tags"),
     ({"inner": 3}, "inner: expected a mapping, got int"),
     ({"inner": {"n": True}}, "inner.n: expected an integer, got True"),
     ({"rate": None}, "rate: must be set (got null)"),
@@ -58,6 +60,8 @@ def test_overrides_and_direct_construction():
     assert build(Outer, data).inner.n == 4
     with pytest.raises(FieldError, match="rate.x: rate is a value, not a section"):
         set_path(Outer, {}, "rate.x", 1)
+    with pytest.raises(FieldError, match="innr: unknown field; did you mean inner?"):
+        set_path(Outer, {}, "innr.n", 1)
     with pytest.raises(FieldError, match=r"Outer.rate: must be in \(0, 1\), got 2"):
         Outer(rate=2)
 

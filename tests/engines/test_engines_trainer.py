@@ -114,6 +114,30 @@ def test_checkpoint_resume_is_exact(tiny_model_dir, tmp_path):
     assert _same_params(a, b)
 
 
+def test_checkpoint_loaded_with_other_optimizer_settings_trains_with_the_new_ones(tiny_model_dir, tmp_path):
+    """A resume may change trainer.lr and the other AdamW settings: the loaded optimizer state
+    keeps its moments, the config's settings (not the saved param group's) drive the next step."""
+    import dataclasses
+
+    step1 = make_microbatches(_samples(tiny_model_dir, 4, seed=1), 2)
+    step2 = make_microbatches(_samples(tiny_model_dir, 4, seed=2), 2)
+    a = TorchTrainer(tiny_model_dir, CFG)
+    a.train_step(step1)
+    a.save_checkpoint(tmp_path / "ckpt")
+
+    new = dataclasses.replace(CFG, lr=CFG.lr / 10, betas=(0.8, 0.99), weight_decay=0.01, adam_eps=1e-6)
+    b = TorchTrainer(tiny_model_dir, new)
+    b.load_checkpoint(tmp_path / "ckpt")
+    (group,) = b.optimizer.param_groups
+    assert (group["lr"], group["betas"], group["weight_decay"], group["eps"]) == (new.lr, (0.8, 0.99), 0.01, 1e-6)
+    moments = {k: v["exp_avg"].clone() for k, v in zip(b.params, b.optimizer.state.values())}
+    assert any(bool(m.abs().sum() > 0) for m in moments.values()), "the saved moments are loaded"
+    b.train_step(step2)
+    assert b.optimizer.param_groups[0]["lr"] == new.lr_at(1) == new.lr
+    a.train_step(step2)
+    assert not _same_params(a, b), "the new settings moved the weights differently"
+
+
 def test_save_pretrained_loads_as_hf(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 

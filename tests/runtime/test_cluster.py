@@ -1,6 +1,10 @@
-"""A private local Ray instance leaves nothing behind: its temp dir goes with it."""
+"""A private local Ray instance: token-authenticated, and it leaves nothing behind."""
 
 import glob
+import os
+import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -16,4 +20,50 @@ def test_private_ray_removes_its_temp_dir():
         assert ray.is_initialized()
         ours = set(glob.glob("/tmp/bidirl-ray-*")) - before
         assert len(ours) == 1
+        (mine,) = ours
+        assert stat.S_IMODE(os.stat(mine).st_mode) == 0o700, "only this user may enter it"
+        assert ray._private.worker._global_node.get_temp_dir_path().startswith(mine + "/")
     assert not (set(glob.glob("/tmp/bidirl-ray-*")) & ours)
+
+
+def test_private_ray_refuses_a_client_without_its_token(monkeypatch):
+    """Even with ``RAY_AUTH_MODE=disabled`` in the caller's environment, the private instance
+    uses a fresh token; a local client without it (or with another) is refused, one with it
+    is not; the token is in no file of the instance's temp dir; the environment is as before
+    once the instance ends."""
+    pytest.importorskip("ray")
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    from bidirl.runtime.cluster import AUTH_VARS, ray_session
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    before = {k: os.environ.get(k) for k in AUTH_VARS}
+    with ray_session(num_cpus=1) as ray:
+        token = os.environ["RAY_AUTH_TOKEN"]
+        assert len(token) == 64 and is_token_auth_enabled()
+
+        @ray.remote(num_cpus=0)
+        def one() -> int:
+            return 1
+
+        assert ray.get(one.remote()) == 1, "the driver and its workers hold the token"
+        gcs = ray.get_runtime_context().gcs_address
+        # Another local process reads the cluster's key-value store (what any client does first).
+        code = (f"from ray._raylet import GcsClient\n"
+                f"print('READ', len(GcsClient(address={gcs!r}).internal_kv_keys(b'', None, timeout=30)))")
+        clean = {k: v for k, v in os.environ.items() if k not in AUTH_VARS}
+        for extra in ({"RAY_AUTH_MODE": "disabled"}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+                      {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}):
+            out = subprocess.run([sys.executable, "-c", code], env={**clean, **extra}, capture_output=True,
+                                 text=True, timeout=120)
+            if extra.get("RAY_AUTH_TOKEN") == token:  # the control: with the token it reads
+                assert out.returncode == 0 and "READ" in out.stdout, out.stderr[-2000:]
+            else:
+                assert out.returncode != 0 and "READ" not in out.stdout, (extra, out.stdout)
+                assert "InvalidAuthToken" in out.stderr, out.stderr[-2000:]
+        temp_dir = ray._private.worker._global_node.get_temp_dir_path()
+        hits = subprocess.run(["grep", "-rlF", token, temp_dir], capture_output=True, text=True).stdout
+        assert hits == "", f"the token is written in {hits}"
+    assert {k: os.environ.get(k) for k in AUTH_VARS} == before
+    assert not is_token_auth_enabled()

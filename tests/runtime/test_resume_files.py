@@ -269,7 +269,7 @@ def test_resume_of_a_finished_run_trains_nothing_and_exits_0(tmp_path, capsys):
 @pytest.mark.parametrize("override,field", [
     ("rollout.group_size=4", "rollout.group_size"), ("rollout.prompts_per_step=4", "rollout.prompts_per_step"),
     ("data.seed=3", "data.seed"), ("data.task=copy", "data.task"), ("run.seed=1", "run.seed"),
-    ("scheduler.staleness=3", "scheduler.staleness"), ("trainer.lr=1e-4", "trainer.lr"),
+    ("scheduler.staleness=3", "scheduler.staleness"), ("model.tiny_layers=3", "model.tiny_layers"),
     ("rollout.max_new_tokens=4", "rollout.max_new_tokens"), ("run.run_dir=/tmp/x", "run.run_dir"),
 ])
 def test_resume_refuses_overrides_the_ledger_depends_on(tmp_path, override, field):
@@ -285,18 +285,45 @@ def test_resume_refuses_overrides_the_ledger_depends_on(tmp_path, override, fiel
     assert (run / "checkpoints" / "step_6" / "COMPLETE").is_file()
 
 
+def test_resume_refusal_lists_every_refused_field(tmp_path):
+    run = _run_dir(tmp_path, 6, checkpoints=(6,))
+    with pytest.raises(ConfigError) as e:
+        train.main(_args("--resume", str(run), "data.seed=3", "trainer.lr=1e-4", "rollout.group_size=4"))
+    msg = str(e.value)
+    assert "data.seed is 0 in the checkpointed run" in msg and "rollout.group_size is 8" in msg, msg
+    assert "trainer.lr" not in msg.split(": the data stream")[0], "an allowed change is not listed as refused"
+    assert not (run / train.RESUME_CHANGES).exists(), "nothing recorded for a refused resume"
+
+
 def test_resume_allows_safe_overrides():
     saved = load_config(None, [])
-    train.check_resume_overrides(saved, load_config(None, [
+    changes = train.resume_changes(saved, load_config(None, [
         "run.steps=900", "run.checkpoint_every=5", "run.tensorboard=false", "run.plot=false",
-        "scheduler.policy=async", "cluster.rollout_devices=2", "cluster.prewarm=false",
-        "trainer.on_nonfinite=stop", "trainer.micro_batch_size=4", "data.on_bad_reward=zero"]))
+        "scheduler.policy=async", "cluster.rollout_devices=2", "cluster.prewarm=false", "run.keep_checkpoints=3",
+        "trainer.on_nonfinite=stop", "trainer.micro_batch_size=4", "data.on_bad_reward=zero",
+        "trainer.lr=1e-4", "trainer.max_grad_norm=0.5", "trainer.kl_coef=0.1"]))
+    assert ("trainer.lr", 1e-3, 1e-4) in changes and ("run.steps", 500, 900) in changes
+    assert len(changes) == 14
 
 
-def test_resume_with_safe_override_rewrites_config_yaml(tmp_path, capsys):
+def test_resume_records_the_changes_it_allows(tmp_path, capsys):
     run = _run_dir(tmp_path, 6, checkpoints=(6,), steps=6)
-    assert train.main(_args("--resume", str(run), "run.plot=false")) == 0  # finished: nothing trained
-    assert load_config(str(run / "config.yaml")).run.plot is False
+    assert train.main(_args("--resume", str(run), "trainer.lr=1e-4", "run.plot=false")) == 0  # finished
+    lines = [json.loads(ln) for ln in (run / train.RESUME_CHANGES).read_text().splitlines()]
+    assert [(r["step"], r["field"], r["old"], r["new"]) for r in lines] == [
+        (6, "run.plot", True, False), (6, "trainer.lr", 1e-3, 1e-4)]
+    assert "resume from step 6 changes run.plot True -> False, trainer.lr 0.001 -> 0.0001" in capsys.readouterr().err
+    assert load_config(str(run / "config.yaml")).trainer.lr == 1e-4
+    assert train.main(_args("--resume", str(run), "trainer.lr=1e-4")) == 0  # the same again: no change
+    assert len((run / train.RESUME_CHANGES).read_text().splitlines()) == 2
+
+
+def test_resume_refuses_a_config_yaml_cut_short(tmp_path):
+    run = _run_dir(tmp_path, 6, checkpoints=(6,))
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text[:text.index("rollout:")])  # still valid YAML
+    with pytest.raises(ConfigError, match=r"config.yaml does not state rollout.prompts_per_step.*cut short"):
+        train.main(_args("--resume", str(run)))
 
 
 @pytest.mark.parametrize("extra", [["--config", "x.yaml"], ["--run-dir", "elsewhere"]])
@@ -369,3 +396,16 @@ def test_a_refused_checkpoint_leaves_no_partial_directory(tmp_path):
         s.checkpoint(4, RefusingTrainer())
     assert not (run / "checkpoints" / "step_4").exists()
     assert (run / "checkpoints" / "step_3" / "COMPLETE").is_file()
+
+
+def test_a_run_that_fails_before_start_up_leaves_no_directory(tmp_path):
+    """The same command, its data fixed, can then use the same --run-dir."""
+    from bidirl.algo.data import DataError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 3, "data_source": "add", "reward_model": {"ground_truth": "1"}}\n')
+    run = tmp_path / "run"
+    for _ in range(2):  # the second time is the same error, not "run directory exists"
+        with pytest.raises(DataError, match="row 0"):
+            train.main(_args("--run-dir", str(run), f"data.files={bad}"))
+        assert not run.exists()

@@ -29,6 +29,12 @@ def test_yaml_then_overrides(tmp_path):
     ("model.path=/nonexistent/model", "model.path"),
     ("data.files=/nonexistent.parquet", "data.files[0]"),
     ("nokey", "nokey"),
+    ("data.seed=-1", "data.seed"),
+    ("run.seed=-1", "run.seed"),
+    ("run.seed=4294967296", "run.seed"),
+    ("trainer.betas=[0.9,1.0]", "trainer.betas"),
+    ("trainer.betas=[0.9", "trainer.betas"),  # not YAML
+    ("=3", "=3"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError) as e:

@@ -17,7 +17,7 @@ import subprocess
 import time
 
 import pytest
-from runtime_cli_helpers import ROOT, SMALL, bidirl_cmd, run_cli
+from runtime_cli_helpers import ROOT, SMALL, assert_run_sound, bidirl_cmd, run_cli
 
 from bidirl.obs.metrics import read_metrics
 
@@ -41,8 +41,7 @@ def _reward_steps(run) -> list[int]:
 def test_signal_stops_at_a_step_boundary_and_resume_trains_each_group_once(tmp_path, sig, real_runtime_available):
     run, steps = tmp_path / "run", 6
     args = ["train", "--run-dir", str(run), *ARGS, f"run.steps={steps}", "run.checkpoint_every=0"]
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
-               RAY_AUTH_MODE="disabled")
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
     err_path = tmp_path / "stderr.txt"
     with err_path.open("w") as err:
         proc = subprocess.Popen(bidirl_cmd(*args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
@@ -81,7 +80,7 @@ def test_signal_stops_at_a_step_boundary_and_resume_trains_each_group_once(tmp_p
     assert f"resuming from {run / 'checkpoints' / f'step_{k}'} at step {k}" in out.stderr
     assert _groups(run) == list(range(steps * PPS)), "no group lost, none trained twice"
     assert _reward_steps(run) == list(range(steps)), "each step's metrics once"
-    assert json.loads((run / "summary.json").read_text())["audit_ok"]
+    assert_run_sound(run, steps, PPS)
 
 
 def test_finished_run_changed_config_and_damaged_checkpoint(tmp_path, real_runtime_available):
@@ -95,19 +94,23 @@ def test_finished_run_changed_config_and_damaged_checkpoint(tmp_path, real_runti
     assert out.returncode == 0 and "this run is finished (3 steps" in out.stderr, out.stderr[-3000:]
     assert "workers up" not in out.stderr, "nothing started"
 
-    out = run_cli("train", "--resume", str(run), "run.steps=4", "rollout.group_size=8")
+    out = run_cli("train", "--resume", str(run), "run.steps=4", "rollout.group_size=8", "trainer.lr=5e-4")
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("bidirl train: error:")]
     assert out.returncode == 2 and len(errors) == 1, out.stderr[-3000:]
     assert "rollout.group_size is 4" in errors[0] and "Traceback" not in out.stderr
+    assert not (run / "resume_changes.jsonl").exists(), "a refused resume records nothing"
 
     state = ckpts / "step_3" / "state.json"
     state.write_text(state.read_text()[:100])  # torn
-    out = run_cli("train", "--resume", str(run), "run.steps=4")
+    out = run_cli("train", "--resume", str(run), "run.steps=4", "trainer.lr=5e-4")  # a change it allows
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step_3 is unusable" in out.stderr and f"resuming from {ckpts / 'step_2'} at step 2" in out.stderr
+    changes = [json.loads(ln) for ln in (run / "resume_changes.jsonl").read_text().splitlines()]
+    assert [(c["step"], c["field"], c["new"]) for c in changes] == [(2, "run.steps", 4), (2, "trainer.lr", 5e-4)]
     assert _groups(run) == list(range(4 * PPS)), "no group lost, none trained twice"
     assert _reward_steps(run) == [0, 1, 2, 3]
     assert (ckpts / "step_4" / "COMPLETE").is_file()
+    assert_run_sound(run, 4, PPS)
 
 
 def test_nonfinite_step_stop_checkpoints_its_boundary_and_resume_completes(tmp_path, real_runtime_available):
@@ -135,3 +138,4 @@ def test_nonfinite_step_stop_checkpoints_its_boundary_and_resume_completes(tmp_p
     assert out.returncode == 0, out.stderr[-3000:]
     assert _groups(run) == list(range(4 * PPS)), "no group lost, none trained twice"
     assert _reward_steps(run) == [0, 1, 2, 3]
+    assert_run_sound(run, 4, PPS)

@@ -15,7 +15,7 @@ import subprocess
 import time
 
 import pytest
-from runtime_cli_helpers import ROOT, SMALL, bidirl_cmd, run_cli
+from runtime_cli_helpers import ROOT, SMALL, assert_run_sound, bidirl_cmd, run_cli
 
 from bidirl.obs.accounting import check_conservation
 from bidirl.obs.metrics import read_metrics
@@ -101,6 +101,7 @@ def test_kill_mid_run_then_resume_loses_nothing(tmp_path, real_runtime_available
     groups = [r["group"] for r in _ledger(run)]
     assert sorted(groups) == list(range(10 * 4)), "no group lost, none trained twice"
     assert max(r["staleness"] for r in _ledger(run)) <= 2
+    assert_run_sound(run, 10)
 
 
 def test_bad_config_and_data_are_one_line_errors(tmp_path):

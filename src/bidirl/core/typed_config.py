@@ -9,9 +9,11 @@ the loader, the error messages and ``--help`` read the same source.
 
 ``build(cls, data)`` turns a mapping (from YAML) into an instance, rejecting unknown
 fields, wrong types, values outside ``Literal[...]`` or ``choices``, and out-of-range
-numbers, with errors that name the dotted field and what is allowed::
+numbers, with errors that name the dotted field and what is allowed (and, for an unknown
+name, the nearest known one)::
 
     rollout.max_num_seqs: must be >= 1, got 0
+    trainer.lrr: unknown field; did you mean lr? allowed: adam_eps, betas, ...
 
 ``set_path`` applies ``a.b.c=value`` overrides to such a mapping before building, and
 ``describe`` lists every leaf (dotted name, type, default, doc) for help texts.
@@ -21,6 +23,7 @@ Pure Python (dataclasses, typing); cross-field rules stay with each config.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import types
 import typing
@@ -29,7 +32,7 @@ from dataclasses import MISSING, field
 from typing import Any, Literal, Union
 
 __all__ = ["FieldError", "option", "section", "build", "check_fields", "set_path", "describe",
-           "as_dict", "format_fields"]
+           "as_dict", "format_fields", "yaml_error"]
 
 
 class FieldError(ValueError):
@@ -74,15 +77,28 @@ def _choices(f: dataclasses.Field, tp: Any) -> tuple | None:
     return None
 
 
+def _num(v: float) -> str:
+    """A bound as written: ``4294967295``, ``0.5``, ``1e-08``."""
+    return str(v) if isinstance(v, int) and not isinstance(v, bool) else f"{v:g}"
+
+
+def _unknown(path: str, name: str, allowed: Any) -> str:
+    """``path: unknown field; did you mean X? allowed: ...`` (the suggestion when one is close)."""
+    names = sorted(allowed)
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"{path}: unknown field; {hint}allowed: {', '.join(names)}"
+
+
 def _range_text(m: dict) -> str | None:
     lo = ("[", m["ge"]) if m.get("ge") is not None else ("(", m["gt"]) if m.get("gt") is not None else None
     hi = ("]", m["le"]) if m.get("le") is not None else (")", m["lt"]) if m.get("lt") is not None else None
     if lo and hi:
-        return f"in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+        return f"in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
     if lo:
-        return f"{'>=' if lo[0] == '[' else '>'} {lo[1]:g}"
+        return f"{'>=' if lo[0] == '[' else '>'} {_num(lo[1])}"
     if hi:
-        return f"{'<=' if hi[0] == ']' else '<'} {hi[1]:g}"
+        return f"{'<=' if hi[0] == ']' else '<'} {_num(hi[1])}"
     return None
 
 
@@ -182,7 +198,7 @@ def build(cls: type, data: Any, path: str = "", err: type[Exception] = FieldErro
     prefix = f"{path}." if path else ""
     unknown = sorted(set(map(str, data)) - set(fields))
     if unknown:
-        raise err(f"{prefix}{unknown[0]}: unknown field; allowed: {', '.join(sorted(fields))}")
+        raise err(_unknown(prefix + unknown[0], unknown[0], fields))
     hints = _hints(cls)
     kwargs = {name: _value(fields[name], hints[name], v, prefix + name, err) for name, v in data.items()}
     for name, f in fields.items():
@@ -217,7 +233,7 @@ def set_path(cls: type, data: dict, dotted: str, value: Any, err: type[Exception
         here = ".".join(parts[: i + 1])
         fields = {f.name for f in dataclasses.fields(cls)}
         if name not in fields:
-            raise err(f"{here}: unknown field; allowed: {', '.join(sorted(fields))}")
+            raise err(_unknown(here, name, fields))
         sub, _ = _split_optional(_hints(cls)[name])
         if not dataclasses.is_dataclass(sub):
             raise err(f"{dotted}: {here} is a value, not a section")
@@ -268,3 +284,10 @@ def format_fields(cls: type, width: int = 34) -> str:
     return "\n".join(f"  {name + ' = ' + ('(required)' if default is MISSING else repr(default)):<{width}} {doc}"
                      for name, _tp, default, doc in describe(cls))
 
+
+
+def yaml_error(e: Exception) -> str:
+    """A YAML parser's error in one line: what is wrong and where (line, column)."""
+    mark = getattr(e, "problem_mark", None)
+    what = getattr(e, "problem", None) or " ".join(str(e).split())
+    return f"{what} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else what

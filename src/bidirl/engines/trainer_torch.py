@@ -350,6 +350,11 @@ class TorchTrainer:
         ckpt_dir = Path(ckpt_dir)
         self._load_weights(Path(model_dir) if model_dir is not None else ckpt_dir)
         self.optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
+        # The saved param groups carry the hyperparameters they were saved with; this trainer's
+        # config wins (a resume may change trainer.lr and the rest: docs/runtime.md).
+        for group in self.optimizer.param_groups:
+            group.update(lr=self.config.lr, betas=self.config.betas, eps=self.config.adam_eps,
+                         weight_decay=self.config.weight_decay)
         state = json.loads((ckpt_dir / "trainer_state.json").read_text())
         self.version = int(state["version"])
         self.skipped_steps = int(state.get("skipped_steps", 0))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from bidirl.core.typed_config import build, option, section
@@ -142,7 +143,7 @@ class Scenario:
     model: str = option("Qwen3-8B", "model profile", choices=lambda: sorted(MODELS))
     staleness: int = option(1, "version gap bound (docs/algorithm.md)", ge=0, le=16)
     steps: int = option(20, "optimizer steps to run", ge=1)
-    seed: int = option(0, "random seed of lengths and timing noise")
+    seed: int = option(0, "random seed of lengths and timing noise", ge=0)
     description: str = option("", "free text")
     workload: Workload = section(Workload, "what one step trains")
     pools: Pools = section(Pools, "the committed device split")
@@ -186,6 +187,32 @@ def check(s: Scenario) -> Scenario:
     need(p.train.dp * p.train.tp == p.train_devices, "pools.train.dp",
          f"dp * tp must equal pools.train_devices ({p.train_devices})", p.train.dp)
     return s
+
+
+def read_lengths(path: str) -> list[int]:
+    """The response lengths of a ``dist: file`` scenario: positive integers, one a line.
+
+    A ``ScenarioError`` names the file and the first bad line."""
+    where = f"workload.response_length.file: {path}"
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{where}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    values = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            v = int(line)
+        except ValueError:
+            v = 0
+        if v < 1:
+            raise ScenarioError(f"{where}: line {i} is {line.strip()!r:.40}; allowed: one positive integer "
+                                "(tokens) per line")
+        values.append(v)
+    if not values:
+        raise ScenarioError(f"{where}: holds no lengths; allowed: one positive integer (tokens) per line")
+    return values
 
 
 def from_dict(data: dict[str, Any], default_name: str = "custom") -> Scenario:

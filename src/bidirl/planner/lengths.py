@@ -23,10 +23,11 @@ formulas ask for follows from that grid:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
+
+from bidirl.perf.scenario import read_lengths
 
 GRID = 2048  # quantile points; the expected-max weights stay exact for any n
 _Y_POINTS = 768  # integration points of the staggered maximum
@@ -47,9 +48,7 @@ def _quantile_grid(rl) -> list[float]:
         z = NormalDist()
         return [min(hi, max(lo, rl.median * math.exp(rl.sigma * z.inv_cdf(p)))) for p in ps]
     if rl.dist == "file":
-        values = sorted(int(x) for x in Path(rl.file).read_text().split())
-        if not values:
-            raise ValueError(f"workload.response_length.file {rl.file!r} holds no lengths")
+        values = sorted(read_lengths(rl.file))
         return [float(values[min(len(values) - 1, int(p * len(values)))]) for p in ps]
     raise ValueError(f"workload.response_length.dist {rl.dist!r} is not known to the planner")
 

@@ -1,14 +1,29 @@
-"""Start, join and stop Ray for a run, loopback-only by default.
+"""Start, join and stop Ray for a run, loopback-only and token-authenticated by default.
 
 A local run must not listen on the machine's external interface and must never kill
 other users' Ray processes (so no ``ray stop``): we start a private instance with its own
 temp dir, shut down only that one, and remove its temp dir when it ends.
+
+Loopback alone does not keep other users of a shared host out: any local account can
+connect to a port on 127.0.0.1, and a Ray cluster runs whatever code a client sends it.
+So the private instance uses Ray's token authentication (the pinned Ray 2.60 has it):
+every run draws a fresh random token (256 bits), puts it in this process's environment
+(``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``), which Ray's own processes inherit, and
+takes both out again when the instance ends.  The token is written to no file and no
+log; ``/proc/PID/environ`` shows it only to the same user (and root), who could reach
+the run's processes anyway.  A client without it is refused
+(``tests/runtime/test_cluster.py``).  Whatever ``RAY_AUTH_MODE`` the caller's environment
+holds, a private instance is always authenticated; joining a cluster (``--ray-address``)
+leaves authentication to that cluster's settings in the environment.  Ray's temp dir
+(sockets, logs, spilled objects; Ray makes it world-writable) lies inside a 0700
+directory of ours, so other users cannot enter it either.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -17,9 +32,40 @@ LOCAL_ENV = {
     # Ray binds 127.0.0.1 instead of the external interface with this set.
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
     "RAY_DEDUP_LOGS": "0",
 }
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def _reload_auth() -> None:
+    """Make this process's Ray read the authentication variables again.
+
+    Ray caches the mode (in its config) and the token (in its token loader) the first
+    time it reads them, which in a process that imported Ray earlier (a test run) is
+    before ``private_token`` set them.  The config goes first: Ray's own tests do the
+    same, so that a draining gRPC thread never finds token mode without a token."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+@contextmanager
+def private_token():
+    """A fresh token and token mode in ``os.environ`` for the duration; then as before."""
+    saved = {k: os.environ.get(k) for k in AUTH_VARS}
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    _reload_auth()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _reload_auth()
 
 
 @contextmanager
@@ -35,19 +81,26 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, log_lev
     if ray.is_initialized():
         yield ray
         return
-    tmp = None
     level = getattr(logging, log_level.upper())
     if address:
         ray.init(address=address, log_to_driver=True, logging_level=level)
-    else:
-        # Short path: Ray's unix socket names must stay under ~107 characters.
-        tmp = tempfile.mkdtemp(prefix="bidirl-ray-", dir="/tmp")
-        ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=tmp,
-                 _node_ip_address="127.0.0.1", log_to_driver=True,
-                 configure_logging=False, logging_level=level)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+        return
+    # Short path: Ray's unix socket names must stay under ~107 characters.  Ray makes its
+    # temp dir world-writable (chmod 0777); it goes one level inside ours, which mkdtemp
+    # makes 0700, so no other user can reach the sockets, logs or spilled objects in it.
+    tmp = tempfile.mkdtemp(prefix="bidirl-ray-", dir="/tmp")
     try:
-        yield ray
-    finally:
-        ray.shutdown()
-        if tmp is not None:  # the private instance's sockets, logs and object spill go with it
-            shutil.rmtree(tmp, ignore_errors=True)
+        with private_token():
+            ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=os.path.join(tmp, "r"),
+                     _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False,
+                     logging_level=level)
+            try:
+                yield ray
+            finally:
+                ray.shutdown()
+    finally:  # the private instance's sockets, logs and object spill go with it
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from bidirl.core.typed_config import as_dict, build, format_fields, option, section, set_path
+from bidirl.core.typed_config import as_dict, build, format_fields, option, section, set_path, yaml_error
 from bidirl.engines.trainer_config import TrainerConfig
 from bidirl.policy import policy_names
 
@@ -31,7 +31,8 @@ class ConfigError(ValueError):
 class ModelConfig:
     path: str | None = option(None, "a local HF model directory; null: build the tiny model")
     tiny_layers: int = option(2, "tiny model layers (used only when path is null)", ge=1)
-    tiny_hidden: int = option(128, "tiny model hidden size", ge=1)
+    tiny_hidden: int = option(128, "tiny model hidden size: 4 attention heads of tiny_hidden / 4 each (cpu: a "
+                              "head size vLLM's CPU attention supports, so one of 128, 256, 320, 384, ...)", ge=1)
     warm_start_steps: int = option(40, "supervised steps before RL so that reward has signal", ge=0)
     dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "rollout engine dtype")
 
@@ -46,7 +47,7 @@ class DataConfig:
         "error", "a reward that is not a finite number (NaN, inf, None, a string; or the function raised): "
         "error stops the run naming the row, response and value; zero scores it 0 and counts it "
         "(reward/bad_count)")
-    seed: int = option(0, "data shuffling seed")
+    seed: int = option(0, "data shuffling seed", ge=0)
     max_prompt_length: int = option(
         512, "longest prompt in tokens (chat template applied, as the rollout sees it); vLLM's "
         "max_model_len is the longest kept prompt + rollout.max_new_tokens", ge=1)
@@ -99,7 +100,7 @@ class ClusterConfig:
 @dataclass
 class RunConfig:
     steps: int = option(500, "optimizer steps", ge=1)
-    seed: int = option(0, "seed of the trainer and the engines")
+    seed: int = option(0, "seed of the trainer and the engines", ge=0, le=2**32 - 1)
     run_dir: str | None = option(None, "where the run is written; null: runs/<timestamp>")
     checkpoint_every: int = option(50, "steps between checkpoints; 0: only the last step's and a stop's", ge=0)
     keep_checkpoints: int = option(2, "complete checkpoints kept (the newest); resume falls back to an older "
@@ -145,6 +146,8 @@ def _check(c: TrainConfig) -> TrainConfig:
     if c.model.path is not None:
         need(Path(c.model.path).is_dir(), "model.path", "an existing local HF model directory",
              c.model.path)
+    need(all(0 <= b < 1 for b in c.trainer.betas), "trainer.betas", "two numbers in [0, 1)",
+         list(c.trainer.betas))
     if not c.data.files:
         need(c.data.task is not None, "data.task", "a built-in task name when data.files is empty",
              c.data.task)
@@ -160,6 +163,7 @@ def _check(c: TrainConfig) -> TrainConfig:
     if c.data.reward_fn is not None:
         need(Path(c.data.reward_fn).is_file(), "data.reward_fn", "an existing .py file",
              c.data.reward_fn)
+        need(c.data.reward_fn.endswith(".py"), "data.reward_fn", "a python file (.py)", c.data.reward_fn)
     return c
 
 
@@ -274,11 +278,13 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
     if path:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"--config: file not found: {p}")
+            raise ConfigError(f"--config: {'a directory, not a file' if p.is_dir() else 'file not found'}: {p}")
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+            raise ConfigError(f"{p}: not valid YAML: {yaml_error(e)}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--config: cannot read {p}: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a mapping at the top level")
     data = _resolve_aliases(data)
@@ -286,7 +292,13 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         if "=" not in ov:
             raise ConfigError(f"override {ov!r}: expected key=value, e.g. trainer.lr=1e-4")
         key, raw = ov.split("=", 1)
-        _place(data, key.strip(), _override_value(raw))
+        if not key.strip():
+            raise ConfigError(f"override {ov!r}: no field name before '='; expected key=value, e.g. trainer.lr=1e-4")
+        try:
+            value = _override_value(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{key.strip()}: the value {raw!r} is not valid YAML: {yaml_error(e)}") from None
+        _place(data, key.strip(), value)
     return _check(build(TrainConfig, data, "", ConfigError))
 
 

@@ -8,6 +8,7 @@ final metrics and a checkpoint.  Everything lands in the run directory (``runs/<
 
     config.yaml  metrics.jsonl  events.out.tfevents.*  trace.json  timeline.png
     trained_groups.jsonl (ledger audit)  summary.json  checkpoints/step_<k>/
+    resume_changes.jsonl (what each --resume changed, if anything)
 """
 
 from __future__ import annotations
@@ -316,30 +317,33 @@ def check_reward_fn(reward_fn, row) -> None:
     print(f"[bidirl] warning: {what}; such rewards will be scored 0 (data.on_bad_reward=zero)", file=sys.stderr)
 
 
-RESUME_SAFE = ("run.steps", "run.checkpoint_every", "run.tensorboard", "run.plot", "scheduler.policy", "cluster.",
-               "run.keep_checkpoints", "rollout.max_num_seqs", "rollout.kv_cache_mb", "trainer.threads",
-               "trainer.micro_batch_size",
-               "trainer.on_nonfinite", "data.on_bad_reward",
+RESUME_SAFE = ("run.steps", "run.checkpoint_every", "run.keep_checkpoints", "run.tensorboard", "run.plot",
+               "scheduler.policy", "cluster.", "rollout.max_num_seqs", "rollout.kv_cache_mb", "trainer.",
+               "data.on_bad_reward",
                "run.val_every", "run.val_before_train", "run.val_samples", "run.train_samples_every",
                "run.train_samples", "run.wandb", "run.wandb_project", "run.wandb_name", "run.worker_log_level",
                "data.val_files", "data.val_max_samples", "rollout.val_temperature")
 """Fields ``--resume DIR key=value`` may change (a name ending in ``.``: its whole section).
 
-They change how the rest of the run is carried out, not what it is: the length
-(``run.steps``, at least the checkpoint's step), checkpoint spacing, logging, the
-scheduling policy, the cluster (devices, Ray address, prewarm), vLLM's capacity
-(``rollout.max_num_seqs``, ``rollout.kv_cache_mb``), the trainer's threads and
-micro-batch size (the update is the same sum), what a non-finite step does and what a
-bad reward scores, and what is only reported (validation: ``run.val_*``, ``data.val_*``,
-``rollout.val_temperature``; samples, Weights & Biases, worker log level).  With a
-decaying ``trainer.lr_schedule`` and ``trainer.lr_decay_steps`` null, a longer
-``run.steps`` stretches the rest of the schedule.  Everything else is refused, because the checkpoint and the ledger of
-trained groups depend on it: group ids and sizes (``rollout.prompts_per_step``,
+They change how the rest of the run is carried out, not the data stream or the ledger of
+trained groups: the length (``run.steps``, at least the checkpoint's step), checkpoint
+spacing and count, logging, the scheduling policy, the cluster (devices, Ray address,
+prewarm), vLLM's capacity (``rollout.max_num_seqs``, ``rollout.kv_cache_mb``), the trainer
+(``trainer.lr``, its schedule and every other optimizer and loss setting: the schedule
+follows the version, and the loaded optimizer state keeps its moments and takes the new
+hyperparameters, ``TorchTrainer.load_checkpoint``; threads, micro-batch size, what a
+non-finite step does), what a bad reward scores, and what is only reported (validation:
+``run.val_*``, ``data.val_*``, ``rollout.val_temperature``; samples, Weights & Biases,
+worker log level).  With a decaying ``trainer.lr_schedule`` and ``trainer.lr_decay_steps``
+null, a longer ``run.steps`` stretches the rest of the schedule.  Each change is recorded
+in ``RUN_DIR/resume_changes.jsonl``.  Everything else is refused, because the checkpoint
+and the ledger depend on it: group ids and sizes (``rollout.prompts_per_step``,
 ``rollout.group_size``), the prompt sequence and rewards (``data.*``), the samples
-(``rollout.max_new_tokens``, ``rollout.temperature``, ``run.seed``), the staleness
-bound the audit checks (``scheduler.staleness``), the model (``model.*``) and the
-optimizer (``trainer.lr`` and the rest: the checkpointed optimizer state carries them).
+(``rollout.max_new_tokens``, ``max_new_tokens_start``, ``temperature``, ``top_p``,
+``top_k``, ``run.seed``), the staleness bound the audit checks (``scheduler.staleness``),
+the model (``model.*``) and the directory (``run.run_dir``).
 """
+RESUME_CHANGES = "resume_changes.jsonl"
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -352,16 +356,67 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_resume_overrides(saved: TrainConfig, cfg: TrainConfig) -> None:
-    """``ConfigError`` naming the first field ``cfg`` changes that ``RESUME_SAFE`` does not allow."""
+def resume_safe(key: str) -> bool:
+    return key.startswith(RESUME_SAFE) and key != "run.run_dir"
+
+
+def resume_changes(saved: TrainConfig, cfg: TrainConfig) -> list[tuple[str, object, object]]:
+    """(field, saved value, new value) for every field ``cfg`` changes.
+
+    A ``ConfigError`` lists every changed field ``RESUME_SAFE`` does not allow, with its
+    checkpointed value and the override's."""
     old, new = _flat(saved.to_dict()), _flat(cfg.to_dict())
-    for key in sorted(new):
-        if new[key] == old.get(key) or (key.startswith(RESUME_SAFE) and key != "run.run_dir"):
-            continue
-        raise ConfigError(f"--resume: {key} is {old.get(key)!r} in the checkpointed run (config.yaml), the override "
-                          f"sets {new[key]!r}: the checkpoint and the ledger of trained groups depend on it; "
-                          f"on resume only {', '.join(k + '*' if k.endswith('.') else k for k in RESUME_SAFE)} "
-                          "may change")
+    changed = [(k, old.get(k), new[k]) for k in sorted(new) if new[k] != old.get(k)]
+    refused = [c for c in changed if not resume_safe(c[0])]
+    if refused:
+        what = "; ".join(f"{k} is {a!r} in the checkpointed run (config.yaml), the override sets {b!r}"
+                         for k, a, b in refused)
+        raise ConfigError(f"--resume: {what}: the data stream and the ledger of trained groups depend on "
+                          f"{'it' if len(refused) == 1 else 'them'}; on resume only "
+                          f"{', '.join(k + '*' if k.endswith('.') else k for k in RESUME_SAFE)} may change")
+    return changed
+
+
+def check_resume_overrides(saved: TrainConfig, cfg: TrainConfig) -> None:
+    """``ConfigError`` listing every field ``cfg`` changes that ``RESUME_SAFE`` does not allow."""
+    resume_changes(saved, cfg)
+
+
+def record_resume_changes(run_dir: Path, step: int, changes: list[tuple[str, object, object]]) -> None:
+    """Append each allowed change to ``RUN_DIR/resume_changes.jsonl`` and say so on stderr."""
+    if not changes:
+        return
+    when = time.strftime("%Y-%m-%dT%H:%M:%S")
+    with (run_dir / RESUME_CHANGES).open("a") as f:
+        for key, old, new in changes:
+            f.write(json.dumps({"time": when, "step": step, "field": key, "old": old, "new": new}) + "\n")
+    print(f"[bidirl] resume from step {step} changes "
+          f"{', '.join(f'{k} {a!r} -> {b!r}' for k, a, b in changes)} (recorded in {RESUME_CHANGES})",
+          file=sys.stderr)
+
+
+def check_saved_config(path: Path) -> None:
+    """A resumed run's ``config.yaml`` (already loaded once, so valid) must state every field
+    the data stream and the ledger depend on.
+
+    ``write_config`` writes every field; one missing means the file was cut short or
+    edited, and the defaults that would fill in might not be what the run trained with."""
+    raw = yaml.safe_load(path.read_text())
+    present = set(_flat(raw)) if isinstance(raw, dict) else set()
+    needed = [k for k in _flat(TrainConfig().to_dict()) if not resume_safe(k) and k != "run.run_dir"]
+    missing = [k for k in needed if k not in present]
+    if missing:
+        raise ConfigError(f"--resume: {path} does not state {', '.join(missing[:4])}"
+                          f"{f' and {len(missing) - 4} more' if len(missing) > 4 else ''}, which the run's "
+                          "data stream and ledger depend on: the file is cut short or was edited (or written before "
+                          "these fields existed); restore it, or add them with the values the run used")
+
+
+def write_config(run_dir: Path, cfg: TrainConfig) -> None:
+    """``RUN_DIR/config.yaml``, every field, written whole or not at all (temporary file, rename)."""
+    tmp = run_dir / ".config.yaml.partial"
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    os.replace(tmp, run_dir / "config.yaml")
 
 
 def resolve_run_dir(cfg: TrainConfig, resume: str | None, run_dir: str | None) -> Path:
@@ -372,10 +427,27 @@ def resolve_run_dir(cfg: TrainConfig, resume: str | None, run_dir: str | None) -
             raise ConfigError(f"--resume: {p} is not a bidirl run directory (no config.yaml)")
         return p
     p = Path(run_dir or cfg.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"--run-dir: {p} is a file, not a directory")
     if p.exists() and any(p.iterdir()):
         raise ConfigError(f"run directory {p} exists and is not empty; use --resume {p} or another --run-dir")
-    p.mkdir(parents=True, exist_ok=True)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--run-dir: cannot create {p}: {e.strerror or e}") from None
     return p
+
+
+def _remove_unstarted(run_dir: Path) -> None:
+    """A new run that failed before writing anything but its ``config.yaml`` (bad data, a bad
+    reward, the machine too small) leaves no directory behind, so the same command, once
+    fixed, can use it again."""
+    try:
+        if {p.name for p in run_dir.iterdir()} <= {"config.yaml"}:
+            (run_dir / "config.yaml").unlink(missing_ok=True)
+            run_dir.rmdir()
+    except OSError:
+        pass
 
 
 def main(args, wrap_backend=None) -> int:
@@ -404,20 +476,27 @@ def main(args, wrap_backend=None) -> int:
                               f"directory and its config.yaml (change safe fields with key=value)")
         run_dir = resolve_run_dir(None, args.resume, None)
         saved = load_config(str(run_dir / "config.yaml"), [])
+        check_saved_config(run_dir / "config.yaml")
         cfg = load_config(str(run_dir / "config.yaml"), overrides)
-        check_resume_overrides(saved, cfg)
+        changes = resume_changes(saved, cfg)
         session = TrainSession(cfg, run_dir, resume=True, wrap_backend=wrap_backend)
         session.prepare_resume()  # the checkpoint, checked against run.steps; ledger and metrics cut back
-        if overrides:  # the run directory's config is the one the run continues with
-            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        if changes:  # the run directory's config is the one the run continues with
+            record_resume_changes(run_dir, session.start_step, changes)
+            write_config(run_dir, cfg)
     else:
         cfg = load_config(args.config, overrides)
         run_dir = resolve_run_dir(cfg, None, args.run_dir)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        write_config(run_dir, cfg)
         session = TrainSession(cfg, run_dir, resume=False, wrap_backend=wrap_backend)
     if args.ray_address:
         cfg.cluster.ray_address = args.ray_address
-    summary = session.run()
+    try:
+        summary = session.run()
+    except BaseException:
+        if not args.resume:
+            _remove_unstarted(run_dir)
+        raise
     print(json.dumps({k: summary.get(k) for k in ("steps", "wall_s", "reward_first_50", "reward_last_50", "val_score",
                                                   "throughput_tokens_per_s", "groups_trained", "audit_ok")},
                      indent=1))

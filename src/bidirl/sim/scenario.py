@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from bidirl.core.typed_config import yaml_error
 from bidirl.perf.scenario import (
     LENGTH_DISTS,
     Calibration,
@@ -29,6 +30,7 @@ from bidirl.perf.scenario import (
     TrainLayout,
     Workload,
     from_dict,
+    read_lengths,
 )
 
 __all__ = ["LENGTH_DISTS", "Calibration", "Costs", "Pools", "ResponseLength", "Scenario", "ScenarioError",
@@ -46,7 +48,13 @@ def load(name_or_path: str | Path) -> Scenario:
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.exists():
             raise ScenarioError(f"scenario file not found: {p}")
-        text, default_name, base = p.read_text(), p.stem, p.parent
+        if not p.is_file():
+            raise ScenarioError(f"--scenario: {p} is a directory, not a scenario file (.yaml)")
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ScenarioError(f"--scenario: cannot read {p}: {e}") from None
+        default_name, base = p.stem, p.parent
     else:
         root = resources.files("bidirl.sim") / "scenarios" / f"{name_or_path}.yaml"
         if not root.is_file():
@@ -57,10 +65,13 @@ def load(name_or_path: str | Path) -> Scenario:
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise ScenarioError(f"{name_or_path}: not valid YAML: {e}") from None
+        raise ScenarioError(f"{name_or_path}: not valid YAML: {yaml_error(e)}") from None
     s = from_dict(data, default_name)
     rl = s.workload.response_length
     if rl.dist == "file" and base is not None and not Path(rl.file).is_absolute():
         s = dataclasses.replace(s, workload=dataclasses.replace(
             s.workload, response_length=dataclasses.replace(rl, file=str(base / rl.file))))
+    if rl.dist == "file":
+        read_lengths(s.workload.response_length.file)  # a bad lengths file fails now, naming its line
     return s
+

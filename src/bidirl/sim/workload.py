@@ -8,11 +8,10 @@ batch at a time (``groups_per_step x group_size`` values from a generator seeded
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from bidirl.sim.scenario import ResponseLength, ScenarioError
+from bidirl.perf.scenario import read_lengths
+from bidirl.sim.scenario import ResponseLength
 
 
 class ResponseLengths:
@@ -63,11 +62,4 @@ class ResponseLengths:
 
 
 def _read_lengths(d: ResponseLength) -> np.ndarray:
-    path = Path(d.file)
-    try:
-        values = [int(line) for line in path.read_text().split()]
-    except (OSError, ValueError) as e:
-        raise ScenarioError(f"workload.response_length.file: cannot read lengths: {e}") from None
-    if not values or min(values) < 1:
-        raise ScenarioError("workload.response_length.file: need positive integers, one a line")
-    return np.asarray(values, dtype=np.int64)
+    return np.asarray(read_lengths(d.file), dtype=np.int64)
