@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 import torch
@@ -11,6 +9,7 @@ import torch
 from bidirl.engines.train_batch import TrainSample, count_tokens, make_microbatches
 from bidirl.engines.trainer_config import TrainerConfig
 from bidirl.engines.trainer_torch import TorchTrainer, init_process_group
+from bidirl.runtime.placement import free_port
 
 CFG = TrainerConfig(lr=1e-3, max_grad_norm=1.0, kl_coef=0.05)
 # Adam's first step is lr * g / (|g| + eps): for elements whose micro-batch contributions
@@ -158,12 +157,6 @@ def test_config_validation_names_the_field():
         TrainSample([1], [2, 3], [0.0], 1.0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _dp_worker(rank, world, port, model_dir, out_dir):
     import torch.distributed as dist
 
@@ -182,7 +175,7 @@ def test_data_parallel_two_ranks_equals_one(tiny_model_dir, tmp_path):
     samples = _samples(tiny_model_dir, 8)
     single = TorchTrainer(tiny_model_dir, CFG_DP)
     single_metrics = single.train_step(make_microbatches(samples, 2))
-    mp.spawn(_dp_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_dp_worker, args=(2, free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
     expected = single.get_weights_numpy()
     for name, w in expected.items():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import socket
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import torch
 from bidirl.engines.train_batch import TrainSample, make_microbatches
 from bidirl.engines.trainer_config import NonFiniteStepError, NonFiniteWeightsError, TrainerConfig
 from bidirl.engines.trainer_torch import TorchTrainer, init_process_group
+from bidirl.runtime.placement import free_port
 
 CFG = TrainerConfig(lr=1e-3, max_grad_norm=1.0)
 
@@ -121,12 +121,6 @@ def test_checkpoint_refuses_nan_weights_and_keeps_the_good_one(tiny_model_dir, t
     assert b.version == 2 and b.skipped_steps == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _dp_worker(rank, world, port, model_dir, out_dir):
     import torch.distributed as dist
 
@@ -145,7 +139,7 @@ def _dp_worker(rank, world, port, model_dir, out_dir):
 def test_data_parallel_ranks_skip_together(tiny_model_dir, tmp_path):
     import torch.multiprocessing as mp
 
-    mp.spawn(_dp_worker, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_dp_worker, args=(2, free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
     for r in range(2):
         out = np.load(tmp_path / f"rank{r}.npz")
         assert float(out["skipped"]) == 1.0 and bool(out["unchanged"]) and int(out["version"]) == 1, r

@@ -189,3 +189,27 @@ def test_cli_rejects_an_overlong_prompt_in_one_line_before_any_worker(chatml, da
     assert len(err) == 1 and "row 0:" in err[0] and f"{_direct(core, raw[:1])[0]} tokens" in err[0]
     assert "data.max_prompt_length=100" in err[0]
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_validation_prompts_follow_the_same_rule_and_count_towards_the_context(chatml, data):
+    model_dir, core, tok = chatml
+    path, raw, rows = data
+    lengths = _direct(core, raw)
+    train, val = rows[:200], rows[200:]
+    limit = max(lengths[:200])
+    val_over = [r.index for r in val if lengths[r.index] > limit]
+    cfg = _cfg(path, f"data.max_prompt_length={limit}", "data.filter_overlong_prompts=true",
+               "rollout.max_new_tokens=16")
+    _, fit = fit_prompts(cfg, train, tok, model_dir, val_rows=val)
+    assert fit.val_filtered == len(val_over) and len(fit.val_rows) == 100 - len(val_over)
+    assert fit.longest == limit and fit.max_model_len == limit + 16
+    if val_over:  # without filtering, an over-long validation row is an error naming it
+        with pytest.raises(DataError, match=f"row {val_over[0]}: validation prompt is"):
+            fit_prompts(_cfg(path, f"data.max_prompt_length={limit}"), train, tok, model_dir, val_rows=val)
+    # validation rows may all be filtered away: training still has its prompts
+    shortest = min(lengths[:200])
+    kept_train = [r for r in train if lengths[r.index] == shortest]
+    long_val = [r for r in val if lengths[r.index] > shortest]
+    cfg = _cfg(path, f"data.max_prompt_length={shortest}", "data.filter_overlong_prompts=true")
+    _, fit = fit_prompts(cfg, kept_train, tok, model_dir, val_rows=long_val)
+    assert fit.val_rows == () and fit.val_filtered == len(long_val) > 0

@@ -57,7 +57,8 @@ def check_machine_fits(cfg: TrainConfig, cores: int | None = None) -> None:
                           f"core. Use at most {cores} devices or set cluster.oversubscribe=true")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on loopback (the DP group's rendezvous; tests use it too)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -125,7 +126,7 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
 
     workers = {d: new_worker(d) for d in range(n)}
     train_devices = list(spec.train_devices)
-    port = _free_port()
+    port = free_port()
     calls = []
     for d, w in workers.items():
         if d in train_devices:

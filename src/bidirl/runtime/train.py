@@ -210,6 +210,31 @@ def check_model_shape(cfg: TrainConfig) -> None:
                           f"or cluster.device=cuda")
 
 
+def _within_limit(cfg: TrainConfig, rows: list, tok, source: str, what: str,
+                  need_one: bool) -> tuple[list, list[int], int]:
+    """(kept rows, their lengths, how many were over ``data.max_prompt_length``).
+
+    An over-long row is a ``DataError`` naming it unless ``data.filter_overlong_prompts``;
+    with ``need_one``, so is having none left.
+    """
+    from bidirl.algo.data import DataError
+
+    limit = cfg.data.max_prompt_length
+    lengths = prompt_token_lengths(tok, rows)
+    over = [i for i, n in enumerate(lengths) if n > limit]
+    if over and not cfg.data.filter_overlong_prompts:
+        first = rows[over[0]]
+        raise DataError(f"{first.path or source}: row {first.index}: {what} is {lengths[over[0]]} tokens "
+                        f"(chat template applied), over data.max_prompt_length={limit} "
+                        f"({len(over)} of {len(rows)} rows are); raise data.max_prompt_length "
+                        f"or set data.filter_overlong_prompts=true to drop them")
+    if need_one and len(over) == len(rows):
+        raise DataError(f"{source}: all {len(rows)} prompts are over data.max_prompt_length={limit} tokens "
+                        f"(the shortest is {min(lengths)}); nothing left to train on")
+    kept = [(r, n) for r, n in zip(rows, lengths, strict=True) if n <= limit]
+    return [r for r, _ in kept], [n for _, n in kept], len(over)
+
+
 def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None = None, val_rows=()):
     """(kept rows, :class:`PromptLengths`): every prompt measured with the run's tokenizer.
 
@@ -228,35 +253,15 @@ def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None 
     if not rows:
         raise DataError("data: no prompt rows")
     limit, new = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
-    lengths = prompt_token_lengths(tok, rows)
-    over = [i for i, n in enumerate(lengths) if n > limit]
-    if over and not cfg.data.filter_overlong_prompts:
-        first = rows[over[0]]
-        raise DataError(f"{first.path or 'data'}: row {first.index}: prompt is {lengths[over[0]]} tokens "
-                        f"(chat template applied), over data.max_prompt_length={limit} "
-                        f"({len(over)} of {len(rows)} rows are); raise data.max_prompt_length "
-                        f"or set data.filter_overlong_prompts=true to drop them")
-    if len(over) == len(rows):
-        raise DataError(f"data: all {len(rows)} prompts are over data.max_prompt_length={limit} tokens "
-                        f"(the shortest is {min(lengths)}); nothing left to train on")
-    kept = [r for r, n in zip(rows, lengths, strict=True) if n <= limit]
-    kept_lengths = [n for n in lengths if n <= limit]
+    kept, kept_lengths, n_over = _within_limit(cfg, rows, tok, "data", "prompt", need_one=True)
     longest = max(kept_lengths)
     val_kept: list = []
     val_over = 0
     if val_rows:
-        vlen = prompt_token_lengths(tok, list(val_rows))
-        vover = [i for i, n in enumerate(vlen) if n > limit]
-        if vover and not cfg.data.filter_overlong_prompts:
-            first = val_rows[vover[0]]
-            raise DataError(f"{first.path or 'validation data'}: row {first.index}: validation prompt is "
-                            f"{vlen[vover[0]]} tokens (chat template applied), over data.max_prompt_length={limit} "
-                            f"({len(vover)} of {len(val_rows)} rows are); raise data.max_prompt_length "
-                            f"or set data.filter_overlong_prompts=true to drop them")
-        val_kept = [r for r, n in zip(val_rows, vlen, strict=True) if n <= limit]
-        val_over = len(vover)
-        longest = max([longest] + [n for n in vlen if n <= limit])
-    fit = PromptLengths(kept=len(kept), filtered=len(over), mean=statistics.fmean(kept_lengths),
+        val_kept, val_lengths, val_over = _within_limit(cfg, list(val_rows), tok, "validation data",
+                                                        "validation prompt", need_one=False)
+        longest = max([longest] + val_lengths)
+    fit = PromptLengths(kept=len(kept), filtered=n_over, mean=statistics.fmean(kept_lengths),
                         longest=longest, max_model_len=longest + new, val_rows=tuple(val_kept),
                         val_filtered=val_over)
     context = model_context(model_dir)
