@@ -37,23 +37,15 @@ def chatml_text(messages) -> str:
 def build_chatml_model(out_dir: str | Path, max_position_embeddings: int = 1024, seed: int = 0):
     """Write the directory; return ``(path, core)`` where ``core`` is the trained
     ``tokenizers.Tokenizer`` itself, an independent reference for token counts."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
+    from bidirl.models.make import byte_level_bpe
+
     out_dir = Path(out_dir)
-    core = Tokenizer(models.BPE(fuse_unk=False, byte_fallback=False))
-    core.normalizer = normalizers.NFC()
-    core.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    core.decoder = decoders.ByteLevel()
     vocab = words(300, seed)
-    corpus = [" ".join(random.Random(i).choices(vocab, k=40)) for i in range(200)]
-    core.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=2000, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
+    texts = [" ".join(random.Random(i).choices(vocab, k=40)) for i in range(200)]
+    core = byte_level_bpe(PRETOKENIZE_REGEX, SPECIAL, 2000, texts=texts)
     tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                   additional_special_tokens=SPECIAL[1:], clean_up_tokenization_spaces=False,
                                   model_max_length=max_position_embeddings)

@@ -149,7 +149,9 @@ def corpus(n: int = 3000, seed: int = 0) -> list[str]:
     return lines
 
 
-def _byte_level_bpe(regex: str, special: list[str], vocab_target: int, seed: int):
+def byte_level_bpe(regex: str, special: list[str], vocab_target: int, seed: int = 0, texts=None):
+    """A byte-level BPE ``tokenizers.Tokenizer`` (GPT-2 / Qwen / Llama 3 style) trained here on
+    ``texts`` (default: :func:`corpus`), splitting words by ``regex``."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     core = Tokenizer(models.BPE(fuse_unk=False, byte_fallback=False))
@@ -159,7 +161,7 @@ def _byte_level_bpe(regex: str, special: list[str], vocab_target: int, seed: int
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     core.decoder = decoders.ByteLevel()
-    core.train_from_iterator(corpus(seed=seed), trainers.BpeTrainer(
+    core.train_from_iterator(corpus(seed=seed) if texts is None else texts, trainers.BpeTrainer(
         vocab_size=vocab_target, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
     return core
@@ -173,13 +175,13 @@ def build_tokenizer(model_type: str, seed: int = 0, vocab_target: int = 4096):
     if model_type == "qwen2":
         from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-        core = _byte_level_bpe(PRETOKENIZE_REGEX, QWEN_SPECIAL, vocab_target, seed)
+        core = byte_level_bpe(PRETOKENIZE_REGEX, QWEN_SPECIAL, vocab_target, seed)
         tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                       additional_special_tokens=QWEN_SPECIAL, clean_up_tokenization_spaces=False,
                                       model_max_length=131072, errors="replace", split_special_tokens=False)
         tok.chat_template = QWEN_TEMPLATE
         return tok
-    core = _byte_level_bpe(LLAMA3_REGEX, LLAMA_SPECIAL, vocab_target, seed)
+    core = byte_level_bpe(LLAMA3_REGEX, LLAMA_SPECIAL, vocab_target, seed)
     bos = core.token_to_id("<|begin_of_text|>")
     core.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
