@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bidirl.core.ledger import Pool
+from bidirl.perf.profiles import HARDWARE, MODELS, HardwareProfile, ModelProfile, lookup
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,15 @@ class ClusterSpec:
     aux_trainers: bool = True  # a rollout unit can hold an auxiliary trainer (memory)
     devices_per_node: int = 8
     prior_scale: float = 1.0  # how far the scheduler's stage-model priors start off
+    # A scenario's own device or model (``perf.profile_spec``); None: the catalogue entry
+    # ``hardware`` / ``model`` names.
+    hw_profile: HardwareProfile | None = None
+    model_profile: ModelProfile | None = None
+
+    def profiles(self) -> tuple[HardwareProfile, ModelProfile]:
+        """The device and model profiles the priors are built from."""
+        hw = self.hw_profile or lookup(HARDWARE, self.hardware, "hardware")
+        return hw, self.model_profile or lookup(MODELS, self.model, "model")
 
     @property
     def n_replicas(self) -> int:

@@ -16,7 +16,6 @@ from statistics import median
 from bidirl.controller.actions import MicroBatch
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.perf.calibration import WARMUP, LinearTimeModel
-from bidirl.perf.profiles import HARDWARE, MODELS, lookup
 from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, weight_sync_s
 from bidirl.perf.switch_costs import SwitchCostEstimator, switch_priors
 
@@ -44,7 +43,7 @@ class Estimates:
     """Calibrated predictions of stage times for one cluster."""
 
     def __init__(self, spec: ClusterSpec) -> None:
-        hw, m = lookup(HARDWARE, spec.hardware, "hardware"), lookup(MODELS, spec.model, "model")
+        hw, m = spec.profiles()
         scale = spec.prior_scale
         self.spec = spec
         self.rollout = RolloutStageModel(hw, m, spec.rollout_tp, scale)

@@ -27,22 +27,40 @@ class HardwareProfile:
     train_mfu: float = 0.4  # model-flops utilisation in training
     engine_wake_s: float = 3.0  # fixed cost to wake a slept inference engine (+ graphs)
     trainer_wake_s: float = 2.5  # fixed cost to bring an auxiliary trainer up
+    intra_node_latency_us: float = 5.0  # one hop of a collective inside a node (NVLink / PCIe)
+    inter_node_latency_us: float = 10.0  # one hop of a collective across nodes (network)
 
     @property
     def memory_bytes(self) -> float:
         return self.memory_gib * GIB
 
+    def link(self, spans_nodes: bool) -> tuple[float, float]:
+        """(bytes/s, seconds per hop) of a collective inside a node or across nodes."""
+        if spans_nodes:
+            return self.inter_node_gbps * 1e9, self.inter_node_latency_us * 1e-6
+        return self.intra_node_gbps * 1e9, self.intra_node_latency_us * 1e-6
+
+    def all_reduce_s(self, nbytes: float, ranks: int, spans_nodes: bool, calls: int = 1) -> float:
+        """A ring all-reduce of ``nbytes`` over ``ranks``, in ``calls`` collectives:
+        ``calls x 2 (n-1) x latency + 2 (n-1)/n x bytes / bandwidth``."""
+        if ranks <= 1:
+            return 0.0
+        bw, lat = self.link(spans_nodes)
+        return calls * 2 * (ranks - 1) * lat + 2 * (ranks - 1) / ranks * nbytes / bw
+
 
 HARDWARE: dict[str, HardwareProfile] = {
     p.name: p
     for p in (
-        HardwareProfile("A6000-48GB", 48, 154.8, 768, 56, 12.5, 20),
+        HardwareProfile("A6000-48GB", 48, 154.8, 768, 56, 12.5, 20, intra_node_latency_us=10.0,
+                        inter_node_latency_us=20.0),
         HardwareProfile("H100-80GB", 80, 989.0, 3350, 450, 50, 50),
         HardwareProfile("H200-141GB", 141, 989.0, 4800, 450, 50, 50),
         HardwareProfile("A100-80GB", 80, 312.0, 2039, 300, 25, 25),
         HardwareProfile(
             "cpu-core", 8, 0.05, 10, 5, 1, 10, devices_per_node=2,
             decode_efficiency=0.5, train_mfu=0.3, engine_wake_s=0.5, trainer_wake_s=0.2,
+            intra_node_latency_us=20.0, inter_node_latency_us=50.0,
         ),
     )
 }
@@ -59,6 +77,7 @@ class ModelProfile:
     head_dim: int
     vocab: int
     bytes_per_param: int = 2  # bf16
+    active_params: float = 0.0  # parameters one token runs through (mixture of experts); 0: params
 
     @property
     def weights_bytes(self) -> float:
@@ -71,8 +90,8 @@ class ModelProfile:
 
     @property
     def flops_per_token(self) -> float:
-        """Forward FLOPs per token from the dense weights (2 x params)."""
-        return 2.0 * self.params
+        """Forward FLOPs per token from the weights it runs through (2 x active params)."""
+        return 2.0 * (self.active_params or self.params)
 
     def attention_flops_per_token(self, context: float) -> float:
         """Forward attention-score FLOPs for one token attending to ``context`` tokens."""
@@ -99,3 +118,44 @@ def lookup(table: dict, name: str, what: str):
         return table[name]
     except KeyError:
         raise KeyError(f"unknown {what} {name!r}; allowed: {', '.join(sorted(table))}") from None
+
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def hf_shape(config: dict) -> dict:
+    """The fields of a ``ModelProfile`` from a Hugging Face ``config.json`` (parsed).
+
+    Dense decoders (Llama, Qwen2/3, Mistral, ...) and mixtures of experts (``num_experts`` or
+    ``num_local_experts`` with ``num_experts_per_tok``); a multimodal config's
+    ``text_config`` is read.  Parameters are counted from the shapes: embeddings (twice
+    unless ``tie_word_embeddings``), per layer the attention projections, the (gated) MLP
+    or its experts and router, and the norms.  A missing key raises ``KeyError`` naming it.
+    """
+    c = config.get("text_config", config) if "hidden_size" not in config else config
+
+    def need(key: str):
+        if key not in c:
+            raise KeyError(key)
+        return c[key]
+
+    hidden, layers, heads = int(need("hidden_size")), int(need("num_hidden_layers")), int(need("num_attention_heads"))
+    kv = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or hidden // heads)
+    vocab = int(need("vocab_size"))
+    attn = hidden * head_dim * (2 * heads + 2 * kv)
+    experts = int(c.get("num_experts") or c.get("num_local_experts") or 0)
+    if experts:
+        inter = int(c.get("moe_intermediate_size") or need("intermediate_size"))
+        top = int(need("num_experts_per_tok"))
+        shared = 3 * hidden * int(c.get("shared_expert_intermediate_size") or 0)
+        mlp, active_mlp = experts * 3 * hidden * inter + hidden * experts + shared, top * 3 * hidden * inter + shared
+    else:
+        mlp = active_mlp = 3 * hidden * int(need("intermediate_size"))
+    embed = vocab * hidden * (1 if c.get("tie_word_embeddings", config.get("tie_word_embeddings")) else 2)
+    params = embed + layers * (attn + mlp + 2 * hidden) + hidden
+    active = embed + layers * (attn + active_mlp + 2 * hidden) + hidden
+    dtype = str(c.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
+    return {"params": float(params), "active_params": float(active) if experts else 0.0, "layers": layers,
+            "hidden": hidden, "heads": heads, "kv_heads": kv, "head_dim": head_dim, "vocab": vocab,
+            "bytes_per_param": DTYPE_BYTES.get(dtype, 2)}

@@ -16,14 +16,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bidirl.core.typed_config import build, option, section
-from bidirl.perf.profiles import HARDWARE, MODELS
+from bidirl.perf.profile_spec import HardwareSpec, ModelSpec, hardware_profile, model_profile
+from bidirl.perf.profiles import HardwareProfile, ModelProfile
 
 LengthDist = Literal["lognormal", "constant", "uniform", "file", "empirical"]
 LENGTH_DISTS: tuple[str, ...] = LengthDist.__args__  # type: ignore[attr-defined]
+LengthOrder = Literal["replay", "cycle", "sample"]
 
 
 class ScenarioError(ValueError):
     """A scenario file or dict that does not describe a valid run."""
+
+
+@dataclass(frozen=True)
+class LengthDrift:
+    """Where a drifting lognormal ends (``ResponseLength``); null: the parameter stays fixed."""
+
+    median: int | None = option(None, "median at the end of the drift (tokens)", ge=1)
+    sigma: float | None = option(None, "shape at the end of the drift", ge=0)
+    steps: int | None = option(None, "steps the drift takes (null: the run's steps)", ge=1)
 
 
 @dataclass(frozen=True)
@@ -33,11 +44,22 @@ class ResponseLength:
     ``lognormal``: median ``median``, shape ``sigma``, clipped to ``[min, max]`` (responses
     that hit ``max`` are truncated, as with ``max_tokens`` in an engine).
     ``constant``: every response is ``max`` long.  ``uniform``: in ``[min, max]``.
-    ``file``: lengths read from ``file`` (one integer per line, cycled in order).
-    ``empirical``: the lengths in ``values``, cycled in order (a real run's measured
-    lengths, response by response in group-id order, so batch ``b`` of the simulation
-    gets the lengths batch ``b`` of the run had, and a shift of lengths over the run is
-    replayed as it happened).
+    ``file``: lengths read from ``file`` (one integer per line).
+    ``empirical``: the lengths in ``values`` (a real run's measured lengths, response by
+    response in group-id order, so batch ``b`` of the simulation gets the lengths batch
+    ``b`` of the run had, and a shift of lengths over the run is replayed as it happened).
+
+    How ``file`` and ``empirical`` lengths are used is ``order``: ``replay`` (default)
+    gives batch ``b`` the values ``b*B .. (b+1)*B - 1`` in order, whatever the seed (a
+    replay is the run that was), and a run that needs more lengths than listed is refused
+    naming this field, never wrapped silently; ``cycle`` starts over at the end, as asked;
+    ``sample`` draws every batch from the values with the run's seed (the list as a
+    distribution, the planner's view of it).
+
+    ``drift`` (lognormal only): the median and shape move linearly from ``median`` /
+    ``sigma`` at step 0 to ``drift.median`` / ``drift.sigma`` at step ``drift.steps - 1``
+    (default: the run's last step) and stay there: RL responses grow as the policy learns.
+    Batch ``b`` is drawn at step ``b``'s parameters, seeded by ``(seed, b)``.
     """
 
     dist: LengthDist = option("lognormal", "length distribution")
@@ -46,7 +68,25 @@ class ResponseLength:
     min: int = option(16, "shortest response (tokens)", ge=1)
     max: int = option(8192, "longest response; longer ones are truncated", ge=1, le=262144)
     file: str | None = option(None, "lengths file when dist is file (relative to the scenario)")
-    values: tuple[int, ...] | None = option(None, "lengths when dist is empirical (cycled in order)")
+    values: tuple[int, ...] | None = option(None, "lengths when dist is empirical")
+    order: LengthOrder = option("replay", "file/empirical lengths: replay in order (no wrap), cycle, or sample "
+                                "with the seed")
+    drift: LengthDrift = section(LengthDrift, "lognormal parameters that change over the steps")
+
+    def params_at(self, step: int, steps: int) -> tuple[float, float]:
+        """(median, sigma) of the lognormal at ``step`` of a run of ``steps`` steps."""
+        d = self.drift
+        if d.median is None and d.sigma is None:
+            return float(self.median), self.sigma
+        span = (d.steps or steps) - 1
+        f = min(1.0, step / span) if span > 0 else 1.0
+        med = self.median if d.median is None else self.median * (1 - f) + d.median * f
+        sig = self.sigma if d.sigma is None else self.sigma * (1 - f) + d.sigma * f
+        return float(med), float(sig)
+
+    @property
+    def drifts(self) -> bool:
+        return self.drift.median is not None or self.drift.sigma is not None
 
 
 @dataclass(frozen=True)
@@ -138,9 +178,13 @@ CALIBRATED_LENGTHS = {"decode": 3, "prefill": 2, "train_micro": 3, "aux_micro": 
 @dataclass(frozen=True)
 class Scenario:
     name: str = option(doc="scenario name (default: the file's stem)")
-    hardware: str = option("H100-80GB", "device profile", choices=lambda: sorted(HARDWARE))
+    hardware: str | HardwareSpec = option(
+        doc="a device in the catalogue (bidirl.perf.profiles.HARDWARE) or a mapping of its figures "
+            "(bidirl.perf.profile_spec.HardwareSpec)")
+    model: str | ModelSpec = option(
+        doc="a model in the catalogue (bidirl.perf.profiles.MODELS) or a mapping: {config: config.json} "
+            "or its fields (bidirl.perf.profile_spec.ModelSpec)")
     devices: int = option(16, "devices in the cluster", ge=2)
-    model: str = option("Qwen3-8B", "model profile", choices=lambda: sorted(MODELS))
     staleness: int = option(1, "version gap bound (docs/algorithm.md)", ge=0, le=16)
     steps: int = option(20, "optimizer steps to run", ge=1)
     seed: int = option(0, "random seed of lengths and timing noise", ge=0)
@@ -154,6 +198,16 @@ class Scenario:
     def replace(self, **changes: Any) -> Scenario:
         return dataclasses.replace(self, **changes)
 
+    @property
+    def hw(self) -> HardwareProfile:
+        """The device profile ``hardware`` names or describes."""
+        return hardware_profile(self.hardware, ScenarioError)
+
+    @property
+    def model_profile(self) -> ModelProfile:
+        """The model profile ``model`` names or describes (a ``config.json`` is read)."""
+        return model_profile(self.model, ScenarioError)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -166,7 +220,12 @@ def check(s: Scenario) -> Scenario:
             raise ScenarioError(f"{path}: {allowed}, got {value!r}")
 
     rl, p = s.workload.response_length, s.pools
+    s.hw  # noqa: B018  (an unknown device or a missing figure fails here, naming its field)
+    s.model_profile  # noqa: B018  (likewise a model)
     need(rl.min <= rl.max, "workload.response_length.min", "must be <= max", rl.min)
+    if rl.drifts:
+        need(rl.dist == "lognormal", "workload.response_length.drift", "applies to dist lognormal only",
+             rl.dist)
     if rl.dist == "file":
         need(bool(rl.file), "workload.response_length.file", "must be a path when dist is file", rl.file)
     if rl.dist == "empirical":
@@ -221,4 +280,10 @@ def from_dict(data: dict[str, Any], default_name: str = "custom") -> Scenario:
         raise ScenarioError(f"scenario: expected a mapping, got {type(data).__name__}")
     data = dict(data)
     data.setdefault("name", default_name)
+    for key, spec in (("hardware", HardwareSpec), ("model", ModelSpec)):
+        value = data.get(key)
+        if isinstance(value, dict):
+            data[key] = build(spec, value, key, ScenarioError)
+        elif key in data and not isinstance(value, (str, spec)):
+            raise ScenarioError(f"{key}: expected a catalogue name or a mapping, got {value!r}")
     return check(build(Scenario, data, "", ScenarioError))

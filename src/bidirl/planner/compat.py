@@ -151,3 +151,40 @@ def check_envelope(ctx: PlanContext, env: Envelope) -> Envelope | Rejection:
     roll = rollout_need(hw, m, r, conc, ctx.plan_context)
     return replace(env, train_sharded=sharded, aux_group=r, rollout_concurrency=conc,
                    rollout_memory_bytes=roll.total, train_memory_bytes=train.total)
+
+
+@dataclass(frozen=True)
+class SplitFit:
+    """What the memory model says of a committed split (``split_fit``)."""
+
+    refusal: Rejection | None  # the role that does not fit at all, with its reason
+    concurrency: int  # sequences one replica holds at the planned context (0: weights do not fit)
+    aux_fits: bool  # a lent rollout replica can host an auxiliary trainer
+    lend_fits: bool  # a train device can park its state in host memory and host a replica
+    sharded: bool  # the trainer needs FSDP (DDP does not fit)
+
+
+def split_fit(ctx: PlanContext, env: Envelope) -> SplitFit:
+    """The memory checks of ``check_envelope`` for a split the user fixed.
+
+    The simulator runs a fixed split only if its roles fit (``rollout_memory``,
+    ``train_memory``: refused otherwise, with the reason), and lends a role only where it
+    fits (``train_on_roll``: an auxiliary trainer on one replica's devices;
+    ``roll_on_train``: the parked trainer state in host memory).  The planner keeps only
+    envelopes where all of these hold, so both sides decide with one memory model.
+    """
+    hw, m, r = ctx.hw, ctx.model, env.rollout_tp
+    refusal = None
+    roll_min = rollout_need(hw, m, r, ctx.min_concurrency, ctx.max_context)
+    if not roll_min.fits:
+        refusal = _memory_rejection(env, "rollout_memory", roll_min,
+                                    f" (one prompt group of {ctx.min_concurrency} sequences at the longest "
+                                    "context)")
+    train, sharded = _trainer(ctx, env)
+    if refusal is None and not train.fits:
+        refusal = _memory_rejection(env, "train_memory", train)
+    host = host_bytes(hw)
+    return SplitFit(
+        refusal=refusal, concurrency=rollout_concurrency(hw, m, r, ctx.plan_context),
+        aux_fits=_aux_need(ctx, env).fits and rollout_offload_bytes(m, r) <= host,
+        lend_fits=trainer_offload_bytes(train) <= host and roll_min.fits, sharded=sharded)

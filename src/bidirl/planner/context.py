@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bidirl.perf.profiles import HARDWARE, MODELS, HardwareProfile, ModelProfile, lookup
+from bidirl.perf.profiles import HardwareProfile, ModelProfile
 from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel
 from bidirl.planner.lengths import LengthStats
 
@@ -35,9 +35,8 @@ class PlanContext:
     def from_scenario(cls, scenario, steps: int | None = None) -> PlanContext:
         w = scenario.workload
         return cls(
-            hw=lookup(HARDWARE, scenario.hardware, "hardware"),
-            model=lookup(MODELS, scenario.model, "model"),
-            lengths=LengthStats.from_workload(w),
+            hw=scenario.hw, model=scenario.model_profile,
+            lengths=LengthStats.from_workload(w, steps or scenario.steps),
             devices=scenario.devices,
             staleness=scenario.staleness,
             steps=steps or scenario.steps,

@@ -22,6 +22,7 @@ formulas ask for follows from that grid:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -34,7 +35,35 @@ _Y_POINTS = 768  # integration points of the staggered maximum
 _X_GRID = np.concatenate(([0.0], np.geomspace(1e-3, 1e3, 61)))  # x / max length
 
 
-def _quantile_grid(rl) -> list[float]:
+def _lognormal_grid(rl, steps: int) -> list[float]:
+    """Quantiles of the run's lengths: the lognormal of each step (``drift``), pooled.
+
+    A drifting distribution is planned for as the mixture of its steps over the horizon,
+    since every step trains one batch drawn at that step's parameters.  The mixture's CDF
+    is evaluated on a fine log grid and inverted there.
+    """
+    lo, hi = float(rl.min), float(rl.max)
+    ps = (np.arange(GRID) + 0.5) / GRID
+    z = NormalDist()
+    if not rl.drifts:
+        q = rl.median * np.exp(rl.sigma * np.array([z.inv_cdf(p) for p in ps]))
+        return np.clip(q, lo, hi).tolist()
+    params = sorted({rl.params_at(k, steps) for k in range(steps)})
+    counts = [sum(rl.params_at(k, steps) == p for k in range(steps)) for p in params]
+    xs = np.geomspace(lo, hi, 8192)
+    cdf = np.zeros_like(xs)
+    erf = np.vectorize(math.erf)
+    for (med, sig), n in zip(params, counts):
+        if sig > 0:
+            cdf += n * 0.5 * (1 + erf((np.log(xs) - math.log(med)) / (sig * math.sqrt(2))))
+        else:
+            cdf += n * (xs >= min(hi, max(lo, med)))
+    cdf /= steps
+    cdf[-1] = 1.0  # everything longer than max is truncated to max
+    return np.clip(np.interp(ps, cdf, xs, left=lo), lo, hi).tolist()
+
+
+def _quantile_grid(rl, steps: int = 1, per_step: int = 0) -> list[float]:
     """Sorted lengths at the probability midpoints ``(i + 0.5) / GRID``."""
     lo, hi = float(rl.min), float(rl.max)
     ps = [(i + 0.5) / GRID for i in range(GRID)]
@@ -43,12 +72,13 @@ def _quantile_grid(rl) -> list[float]:
     if rl.dist == "uniform":
         return [lo + p * (hi - lo) for p in ps]
     if rl.dist == "lognormal":
-        import math
-
-        z = NormalDist()
-        return [min(hi, max(lo, rl.median * math.exp(rl.sigma * z.inv_cdf(p)))) for p in ps]
-    if rl.dist == "file":
-        values = sorted(read_lengths(rl.file))
+        return _lognormal_grid(rl, max(1, steps))
+    if rl.dist in ("file", "empirical"):
+        values = list(read_lengths(rl.file) if rl.dist == "file" else rl.values)
+        need = steps * per_step
+        if rl.order == "replay" and 0 < need <= len(values):
+            values = values[:need]  # the horizon replays these
+        values.sort()
         return [float(values[min(len(values) - 1, int(p * len(values)))]) for p in ps]
     raise ValueError(f"workload.response_length.dist {rl.dist!r} is not known to the planner")
 
@@ -64,8 +94,9 @@ class LengthStats:
     max_tokens: float
 
     @classmethod
-    def from_workload(cls, workload) -> LengthStats:
-        q = _quantile_grid(workload.response_length)
+    def from_workload(cls, workload, steps: int = 1) -> LengthStats:
+        """The statistics of the lengths a run of ``steps`` steps trains (``drift``: pooled)."""
+        q = _quantile_grid(workload.response_length, steps, workload.prompts_per_step * workload.group_size)
         mean = sum(q) / len(q)
         m2 = sum(x * x for x in q) / len(q)
         return cls(float(workload.prompt_tokens), tuple(q), mean, m2,

@@ -75,10 +75,13 @@ def resolve(sc: Scenario, steps: int | None = None, seed: int | None = None,
 
 def simulate(scenario: Scenario, policy: str, steps: int | None = None,
              seed: int | None = None, record_intervals: bool = True,
-             pools: Pools | None = None) -> RunResult:
-    """Run ``policy`` on ``scenario`` and report what happened (``SimResult``)."""
+             pools: Pools | None = None, allow_oversubscribe: bool = False) -> RunResult:
+    """Run ``policy`` on ``scenario`` and report what happened (``SimResult``).
+
+    A split whose roles do not fit in device memory is refused (``ScenarioError`` with the
+    reason) unless ``allow_oversubscribe`` (``sim.world.build``)."""
     sc = resolve(scenario, steps, seed, pools)
-    spec, truth, lengths = build(sc)
+    spec, truth, lengths = build(sc, allow_oversubscribe)
     controller = Controller(spec, make_policy(policy))
     env = simpy.Environment()
     owners = {d: "rollout" for d in spec.rollout_devices()}

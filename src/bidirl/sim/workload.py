@@ -4,13 +4,17 @@ Lengths depend only on ``(seed, group id)``, never on the policy or on timing, s
 policy sees the same groups with the same lengths for the same seed.  They are drawn a
 batch at a time (``groups_per_step x group_size`` values from a generator seeded by
 ``(seed, batch)``), which is as reproducible as a per-group draw and far cheaper.
+A drifting lognormal draws batch ``b`` at step ``b``'s parameters.  ``file`` and
+``empirical`` lengths follow ``order`` (``perf.scenario.ResponseLength``): ``replay`` in
+order (a run needing more lengths than listed is refused when the lengths are built),
+``cycle``, or ``sample`` (seeded draws from the values).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from bidirl.perf.scenario import read_lengths
+from bidirl.perf.scenario import ScenarioError, read_lengths
 from bidirl.sim.scenario import ResponseLength
 
 
@@ -18,12 +22,20 @@ class ResponseLengths:
     """``lengths(gid)``: the response lengths of prompt group ``gid``."""
 
     def __init__(self, dist: ResponseLength, groups_per_step: int, group_size: int,
-                 seed: int) -> None:
+                 seed: int, steps: int | None = None) -> None:
         self.dist, self.g, self.n, self.seed = dist, groups_per_step, group_size, seed
+        self.steps = steps or 1  # the run's steps: the span of a drift without its own
         self._cache: dict[int, list[tuple[int, ...]]] = {}
         self._file: np.ndarray | None = (
             _read_lengths(dist) if dist.dist == "file"
             else np.asarray(dist.values, dtype=np.int64) if dist.dist == "empirical" else None)
+        need = (steps or 0) * groups_per_step * group_size
+        if self._file is not None and dist.order == "replay" and need > len(self._file):
+            where = "file" if dist.dist == "file" else "values"
+            raise ScenarioError(
+                f"workload.response_length.{where}: holds {len(self._file)} lengths but {steps} steps of "
+                f"{groups_per_step} x {group_size} responses need {need} in replay order; list more, run fewer "
+                "steps, or set workload.response_length.order to cycle (start over) or sample (draw with the seed)")
 
     def lengths(self, gid: int) -> tuple[int, ...]:
         b, i = divmod(gid, self.g)
@@ -39,13 +51,19 @@ class ResponseLengths:
         d, shape = self.dist, (self.g, self.n)
         if d.dist == "constant":
             return np.full(shape, d.max, dtype=np.int64)
-        if d.dist in ("file", "empirical"):
-            idx = (batch * self.g * self.n + np.arange(self.g * self.n)) % len(self._file)
-            return self._file[idx].reshape(shape)
         rng = np.random.default_rng([self.seed, batch])
+        if d.dist in ("file", "empirical"):
+            if d.order == "sample":
+                return self._file[rng.integers(0, len(self._file), size=shape)]
+            idx = batch * self.g * self.n + np.arange(self.g * self.n)
+            if d.order == "replay" and idx[-1] >= len(self._file):
+                raise ScenarioError(f"workload.response_length.order: replay has no lengths for batch {batch} "
+                                    f"({len(self._file)} listed); allowed: cycle or sample to go past them")
+            return self._file[idx % len(self._file)].reshape(shape)
         if d.dist == "uniform":
             return rng.integers(d.min, d.max + 1, size=shape)
-        x = np.exp(np.log(d.median) + d.sigma * rng.standard_normal(shape))
+        median, sigma = d.params_at(batch, self.steps)
+        x = np.exp(np.log(median) + sigma * rng.standard_normal(shape))
         return np.clip(np.rint(x), d.min, d.max).astype(np.int64)
 
     def mean(self) -> float:

@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bidirl.controller.cluster import ClusterSpec, device_layout
-from bidirl.perf.profiles import GIB, HARDWARE, MODELS, lookup
-from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, max_concurrency, weight_sync_s
+from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, weight_sync_s
 from bidirl.perf.switch_costs import switch_priors
+from bidirl.planner.compat import split_fit
+from bidirl.planner.context import PlanContext
+from bidirl.planner.envelope import envelope_of
 from bidirl.sim.scenario import Scenario, ScenarioError
 from bidirl.sim.workload import ResponseLengths
 
@@ -36,24 +38,37 @@ class Truth:
     startup_s: float = 0.0  # nothing happens before (a real run's start-up)
 
 
-def build(sc: Scenario) -> tuple[ClusterSpec, Truth, ResponseLengths]:
-    hw, m = lookup(HARDWARE, sc.hardware, "hardware"), lookup(MODELS, sc.model, "model")
+def build(sc: Scenario, allow_oversubscribe: bool = False) -> tuple[ClusterSpec, Truth, ResponseLengths]:
+    """The controller's view, the ground truth and the lengths of ``sc``'s committed split.
+
+    Memory is the planner's model (``planner.compat.split_fit``): a split whose rollout
+    replica or trainer does not fit is refused with the reason unless
+    ``allow_oversubscribe``; an auxiliary trainer is lent only where it fits, a trainer
+    unit only where its parked state fits in host memory; a replica's concurrency is the
+    planner's (KV memory at prompt + mean response), unless a real run measured it.
+    """
+    hw, m = sc.hw, sc.model_profile
     p, w = sc.pools, sc.workload
-    lengths = ResponseLengths(w.response_length, w.prompts_per_step, w.group_size, sc.seed)
-    cap = sc.calibration.replica_cap or max_concurrency(hw, m, p.rollout_tp, w.prompt_tokens + lengths.mean())
-    if cap == 0:
-        raise ScenarioError(f"pools.rollout_tp: {sc.model} does not fit on {p.rollout_tp} "
-                            f"x {sc.hardware} with room for a KV cache; raise rollout_tp")
-    aux_bytes = m.params * (m.bytes_per_param + 4)  # weights + fp32 gradients
+    lengths = ResponseLengths(w.response_length, w.prompts_per_step, w.group_size, sc.seed, sc.steps)
+    fit = split_fit(PlanContext.from_scenario(sc), envelope_of(sc))
+    if fit.refusal is not None and not allow_oversubscribe:
+        raise ScenarioError(
+            f"pools: the split does not fit in memory: {fit.refusal.reason}; change pools (bidirl plan "
+            "finds one that fits) or run it anyway with --allow-oversubscribe")
+    cap = sc.calibration.replica_cap or fit.concurrency
+    if cap == 0 and not allow_oversubscribe:
+        raise ScenarioError(f"pools.rollout_tp: {m.name} does not fit on {p.rollout_tp} "
+                            f"x {hw.name} with room for a KV cache; raise rollout_tp")
+    layout = device_layout(p.rollout_devices, p.train_devices, p.rollout_tp, hw.devices_per_node)
+    if not fit.lend_fits:
+        layout["train_units"] = ()
     spec = ClusterSpec(
-        hardware=sc.hardware, model=sc.model, devices=sc.devices,
-        **device_layout(p.rollout_devices, p.train_devices, p.rollout_tp, hw.devices_per_node),
+        hardware=hw.name, model=m.name, devices=sc.devices, **layout,
         train_dp=p.train.dp, train_tp=p.train.tp,
         replica_cap=max(cap, 1), groups_per_step=w.prompts_per_step, group_size=w.group_size,
         prompt_tokens=w.prompt_tokens, staleness=sc.staleness, steps=sc.steps,
         micro_batch_tokens=sc.sim.micro_batch_tokens, max_response_tokens=w.response_length.max,
-        aux_trainers=aux_bytes <= 0.9 * hw.memory_gib * GIB * p.rollout_tp,
-        prior_scale=sc.sim.prior_scale,
+        aux_trainers=fit.aux_fits, prior_scale=sc.sim.prior_scale, hw_profile=hw, model_profile=m,
     )
     return spec, _truth(sc, hw, m), lengths
 
