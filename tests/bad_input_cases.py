@@ -96,7 +96,16 @@ SCENARIOS = {
     "empirical_negative.yaml": "workload: {response_length: {dist: empirical, values: [100, -3]}}\n",
     "calibration_short.yaml": "calibration: {decode: [0.01]}\n",
     "calibration_negative.yaml": "calibration: {prefill: [0.01, -1]}\n",
+    "no_hardware.yaml": "model: Qwen3-8B\n",
+    "custom_hardware_short.yaml": "hardware: {memory_gib: 96, peak_tflops: 700}\n",
 }
+# Every scenario names its device and model (required): each bad file above is bad in the one
+# field it is about.
+SCENARIOS = {k: v if k in ("list.yaml", "scalar.yaml", "syntax.yaml", "no_hardware.yaml")
+             or v.startswith("hardware:") else "hardware: H100-80GB\nmodel: Qwen3-8B\n" + v
+             for k, v in SCENARIOS.items()}
+for _k in ("bad_hardware.yaml", "custom_hardware_short.yaml"):
+    SCENARIOS[_k] += "model: Qwen3-8B\n"
 
 CONFIGS = {
     "list.yaml": "- trainer: {lr: 0.001}\n",
@@ -449,6 +458,13 @@ CASES: list[Case] = [
          area="scenario"),
     Case("plan on a list scenario", ("plan", "--scenario", "{f}/scenarios/list.yaml"), names="list",
          area="scenario"),
+    Case("plan on a missing lengths file", ("plan", "--scenario", "{f}/scenarios/file_dist_missing.yaml"),
+         names="workload.response_length.file", area="scenario"),
+    Case("scenario without hardware", ("simulate", "--scenario", "{f}/scenarios/no_hardware.yaml"),
+         names="hardware", area="scenario"),
+    Case("scenario custom hardware missing a figure",
+         ("simulate", "--scenario", "{f}/scenarios/custom_hardware_short.yaml"),
+         names="hardware.hbm_gbps", area="scenario"),
     Case("plan on a bad lengths file", ("plan", "--scenario", "{f}/scenarios/bad_lengths.yaml"),
          names="lengths.txt", area="scenario"),
     Case("scenario a directory", ("simulate", "--scenario", "{f}/scenarios"), names="scenarios", area="scenario"),

@@ -33,7 +33,8 @@ def small_scenarios(draw) -> dict:
         "costs": {"roll_on_train_c_in_s": draw(cost), "roll_on_train_c_out_s": draw(cost),
                   "train_on_roll_c_in_s": draw(cost), "train_on_roll_c_out_s": draw(cost),
                   "weight_sync_s": draw(cost), "colocated_switch_s": draw(cost)},
-        "sim": {"timing_noise_cv": draw(st.sampled_from([0.0, 0.05])),
+        "sim": {"allow_oversubscribe": True,  # the scheduler's invariants, on any memory
+                "timing_noise_cv": draw(st.sampled_from([0.0, 0.05])),
                 "prior_scale": draw(st.sampled_from([0.7, 1.0, 1.5])),
                 "micro_batch_tokens": draw(st.sampled_from([256, 2048, 16384]))},
     }
@@ -56,7 +57,7 @@ def busy_scenarios(draw) -> dict:
                      "response_length": {"median": median, "sigma": 0.8, "max": 4096}},
         "pools": {"rollout_devices": rollout, "train_devices": 8 - rollout,
                   "train": {"dp": 8 - rollout}},
-        "sim": {"timing_noise_cv": draw(st.sampled_from([0.0, 0.03]))},
+        "sim": {"timing_noise_cv": draw(st.sampled_from([0.0, 0.03])), "allow_oversubscribe": True},
     }
 
 

@@ -15,7 +15,7 @@ CALIBRATED = {
     "name": "cal", "hardware": "cpu-core", "model": "tiny-qwen2", "devices": 2, "steps": 4,
     "workload": {"prompts_per_step": 4, "group_size": 4, "prompt_tokens": 12,
                  "response_length": {"dist": "empirical", "min": 1, "max": 64,
-                                     "values": [5, 64, 30, 12, 1, 2, 3, 64]}},
+                                     "values": [5, 64, 30, 12, 1, 2, 3, 64], "order": "cycle"}},
     "pools": {"rollout_devices": 1, "train_devices": 1, "train": {"dp": 1, "tp": 1}},
     "sim": {"timing_noise_cv": 0.0, "prior_scale": 1.0, "micro_batch_tokens": 300},
     "calibration": {"decode": [0.03, 1e-4, 1e-7], "prefill": [0.01, 2e-4],
@@ -39,10 +39,25 @@ def test_calibration_replaces_the_rooflines_of_the_simulated_hardware():
 
 def test_empirical_lengths_are_replayed_in_group_order():
     d = ResponseLength(dist="empirical", max=64, values=(5, 64, 30, 12, 1, 2, 3, 64))
-    lengths = ResponseLengths(d, groups_per_step=2, group_size=4, seed=0)
+    lengths = ResponseLengths(d, groups_per_step=2, group_size=4, seed=0, steps=1)
     assert lengths.lengths(0) == (5, 64, 30, 12) and lengths.lengths(1) == (1, 2, 3, 64)
-    assert lengths.lengths(2) == (5, 64, 30, 12)  # cycled
+    assert ResponseLengths(d, 2, 4, seed=5, steps=1).lengths(1) == (1, 2, 3, 64)  # a replay ignores the seed
+    with pytest.raises(ScenarioError, match=r"response_length\.order"):
+        lengths.lengths(2)  # past the end: never wrapped silently
+    with pytest.raises(ScenarioError, match=r"response_length\.values: holds 8 lengths .* need 16"):
+        ResponseLengths(d, 2, 4, seed=0, steps=2)
+    cycled = ResponseLengths(dataclasses.replace(d, order="cycle"), 2, 4, seed=0, steps=2)
+    assert cycled.lengths(2) == (5, 64, 30, 12)  # asked for
     assert lengths.mean() == pytest.approx(181 / 8)
+
+
+def test_sampled_lengths_follow_the_seed_and_keep_to_the_values():
+    d = ResponseLength(dist="empirical", max=64, values=(5, 64, 30, 12, 1, 2, 3, 64), order="sample")
+    a, b = (ResponseLengths(d, 2, 4, seed=s, steps=50) for s in (0, 1))
+    rows = [a.lengths(g) for g in range(100)]
+    assert rows == [ResponseLengths(d, 2, 4, seed=0, steps=50).lengths(g) for g in range(100)]
+    assert rows != [b.lengths(g) for g in range(100)]
+    assert {x for r in rows for x in r} <= set(d.values)
 
 
 @pytest.mark.parametrize("change, field", [

@@ -50,7 +50,7 @@ def test_trace_has_one_track_per_device_and_plot_is_a_png(tmp_path):
 
 def test_bad_scenario_exits_2_with_one_line_naming_the_field(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\ndevices: 16\npools: {rollout_devices: 8, train_devices: 4,"
+    bad.write_text("name: bad\nhardware: H100-80GB\nmodel: Qwen3-8B\ndevices: 16\npools: {rollout_devices: 8, train_devices: 4,"
                    " train: {dp: 4}}\n")
     assert main(["simulate", "--scenario", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
@@ -66,10 +66,26 @@ def test_bad_scenario_exits_2_with_one_line_naming_the_field(tmp_path, capsys):
 ])
 def test_each_bad_field_is_named(tmp_path, capsys, body, field):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(f"name: bad\n{body}\n")
+    bad.write_text(f"name: bad\nhardware: H100-80GB\nmodel: Qwen3-8B\n{body}\n")
     assert main(["simulate", "--scenario", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and field in err
+
+
+@pytest.mark.parametrize("body, field", [
+    ("model: Qwen3-8B", "hardware: required"),
+    ("hardware: H100-80GB", "model: required"),
+    ("hardware: {memory_gib: 96}\nmodel: Qwen3-8B", "hardware.peak_tflops: required"),
+    ("hardware: TPU-v9\nmodel: Qwen3-8B", "hardware: unknown device 'TPU-v9'"),
+    ("hardware: H100-80GB\nmodel: {layers: 4, hidden: 256}", "model.heads: required"),
+    ("hardware: H100-80GB\nmodel: {config: nowhere/config.json}", "model.config: cannot read"),
+])
+def test_a_missing_or_bad_device_or_model_is_named(tmp_path, capsys, body, field):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"name: bad\n{body}\n")
+    assert main(["simulate", "--scenario", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field in err, err
 
 
 def test_unknown_scenario_lists_the_builtins(capsys):

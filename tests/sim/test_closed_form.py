@@ -32,7 +32,8 @@ def _scenario(policy_devices: int = 2):
                      "response_length": {"dist": "constant", "max": L, "min": 1}},
         "pools": {"rollout_devices": 1, "train_devices": 1, "rollout_tp": 1,
                   "train": {"dp": 1, "tp": 1}},
-        "sim": {"timing_noise_cv": 0.0, "micro_batch_tokens": M},
+        "sim": {"timing_noise_cv": 0.0, "micro_batch_tokens": M,
+                "allow_oversubscribe": True},  # a trainer on one H100: the timing, not the memory
     })
 
 

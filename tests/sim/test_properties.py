@@ -71,7 +71,7 @@ BUSY = {"name": "busy", "hardware": "H100-80GB", "model": "Qwen3-8B", "devices":
         "workload": {"prompts_per_step": 64, "group_size": 8, "prompt_tokens": 256,
                      "response_length": {"median": 1200, "sigma": 0.8, "max": 4096}},
         "pools": {"rollout_devices": 4, "train_devices": 4, "train": {"dp": 4}},
-        "sim": {"timing_noise_cv": 0.0}}
+        "sim": {"timing_noise_cv": 0.0, "allow_oversubscribe": True}}
 
 
 @pytest.mark.parametrize(("policy", "directions"), [
@@ -93,7 +93,7 @@ def test_same_seed_same_trace(data, policy):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_different_seed_different_trace(policy):
-    data = {"name": "seeds", "devices": 4, "steps": 3, "model": "Qwen3-4B",
+    data = {"name": "seeds", "hardware": "H100-80GB", "devices": 4, "steps": 3, "model": "Qwen3-4B",
             "workload": {"prompts_per_step": 4, "group_size": 4,
                          "response_length": {"median": 200, "max": 1024}},
             "pools": {"rollout_devices": 2, "train_devices": 2, "train": {"dp": 2}}}
@@ -114,7 +114,8 @@ STALL = {"name": "prop", "hardware": "H100-80GB", "model": "Qwen3-4B", "devices"
                                           "min": 1, "max": 16}},
          "pools": {"rollout_devices": 2, "train_devices": 1, "rollout_tp": 2,
                    "train": {"dp": 1, "tp": 1}},
-         "sim": {"timing_noise_cv": 0.0, "prior_scale": 0.7, "micro_batch_tokens": 256}}
+         "sim": {"timing_noise_cv": 0.0, "prior_scale": 0.7, "micro_batch_tokens": 256,
+                 "allow_oversubscribe": True}}
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from bidirl.core.typed_config import yaml_error
+from bidirl.perf.profile_spec import HardwareSpec, ModelSpec
 from bidirl.perf.scenario import (
     LENGTH_DISTS,
     Calibration,
@@ -33,7 +34,7 @@ from bidirl.perf.scenario import (
     read_lengths,
 )
 
-__all__ = ["LENGTH_DISTS", "Calibration", "Costs", "Pools", "ResponseLength", "Scenario", "ScenarioError",
+__all__ = ["LENGTH_DISTS", "Calibration", "Costs", "HardwareSpec", "ModelSpec", "Pools", "ResponseLength", "Scenario", "ScenarioError",
            "SimKnobs", "TrainLayout", "Workload", "builtin_names", "from_dict", "load"]
 
 
@@ -66,6 +67,10 @@ def load(name_or_path: str | Path) -> Scenario:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         raise ScenarioError(f"{name_or_path}: not valid YAML: {yaml_error(e)}") from None
+    if base is not None and isinstance(data, dict) and isinstance(data.get("model"), dict):
+        cfg = data["model"].get("config")
+        if isinstance(cfg, str) and not Path(cfg).is_absolute():  # relative to the scenario file
+            data = {**data, "model": {**data["model"], "config": str(base / cfg)}}
     s = from_dict(data, default_name)
     rl = s.workload.response_length
     if rl.dist == "file" and base is not None and not Path(rl.file).is_absolute():

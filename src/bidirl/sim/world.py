@@ -51,10 +51,11 @@ def build(sc: Scenario, allow_oversubscribe: bool = False) -> tuple[ClusterSpec,
     p, w = sc.pools, sc.workload
     lengths = ResponseLengths(w.response_length, w.prompts_per_step, w.group_size, sc.seed, sc.steps)
     fit = split_fit(PlanContext.from_scenario(sc), envelope_of(sc))
+    allow_oversubscribe = allow_oversubscribe or sc.sim.allow_oversubscribe
     if fit.refusal is not None and not allow_oversubscribe:
         raise ScenarioError(
             f"pools: the split does not fit in memory: {fit.refusal.reason}; change pools (bidirl plan "
-            "finds one that fits) or run it anyway with --allow-oversubscribe")
+            "finds one that fits) or run it anyway with --allow-oversubscribe (sim.allow_oversubscribe: true)")
     cap = sc.calibration.replica_cap or fit.concurrency
     if cap == 0 and not allow_oversubscribe:
         raise ScenarioError(f"pools.rollout_tp: {m.name} does not fit on {p.rollout_tp} "
