@@ -8,6 +8,7 @@ project's CPU machines, so the real runtime starts from a sensible prior too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GIB = 1024**3
@@ -41,12 +42,20 @@ class HardwareProfile:
         return self.intra_node_gbps * 1e9, self.intra_node_latency_us * 1e-6
 
     def all_reduce_s(self, nbytes: float, ranks: int, spans_nodes: bool, calls: int = 1) -> float:
-        """A ring all-reduce of ``nbytes`` over ``ranks``, in ``calls`` collectives:
-        ``calls x 2 (n-1) x latency + 2 (n-1)/n x bytes / bandwidth``."""
+        """An all-reduce of ``nbytes`` in total over ``ranks``, issued as ``calls`` collectives.
+
+        ``calls x hops x latency + 2 (n-1)/n x bytes / bandwidth``: the bytes as a ring moves
+        them; the latency of ``hops = 2 min(n - 1, ceil(log2 n))`` link crossings, the
+        cheaper of a ring and a tree (NCCL picks per message size)."""
         if ranks <= 1:
             return 0.0
         bw, lat = self.link(spans_nodes)
-        return calls * 2 * (ranks - 1) * lat + 2 * (ranks - 1) / ranks * nbytes / bw
+        return calls * collective_hops(ranks) * lat + 2 * (ranks - 1) / ranks * nbytes / bw
+
+
+def collective_hops(ranks: int) -> int:
+    """Link crossings on the critical path of one all-reduce over ``ranks`` (ring or tree)."""
+    return 2 * min(ranks - 1, math.ceil(math.log2(ranks))) if ranks > 1 else 0
 
 
 HARDWARE: dict[str, HardwareProfile] = {

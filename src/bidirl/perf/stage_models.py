@@ -6,11 +6,17 @@ profiles::
 
     decode step  t = a + c * b + k * S          b = running sequences, S = sum of contexts
                  a: read the weights shard once (memory bound) + fixed step overhead
-                 c: dense FLOPs per token (+ tensor-parallel all-reduce per token)
+                    (+ the latency of the tensor-parallel all-reduces, 2 per layer)
+                 c: dense FLOPs per token (+ the all-reduces' bytes per token)
                  k: read one token's KV cache (memory bound)
     prefill      t = a_p + c_p * tokens
-    micro-batch  t = a_m + c_m * tokens + q_m * tokens * seq_len     (fwd + bwd = 3x fwd)
-    step sync    t = a_s + grad_bytes_on_wire / bandwidth            (data-parallel all-reduce)
+    micro-batch  t = a_m + c_m * tokens + q_m * tokens * seq_len     (fwd + bwd = 3x fwd;
+                 tp > 1: 4 all-reduces per layer, latency in a_m, bytes per token in c_m)
+    step sync    t = a_s + wire,  wire = buckets x hops x latency + grad bytes / bandwidth
+                 (data-parallel all-reduce in ``GRAD_BUCKET_BYTES`` buckets)
+
+Collectives cost ``HardwareProfile.all_reduce_s``: a latency per link crossing and the
+bytes over the bandwidth, inside a node or across nodes.
     weight sync  t = a_w + weights_bytes / bandwidth
 
 A replica's throughput follows from the decode model, so long tails appear by
@@ -19,6 +25,7 @@ themselves when a few long responses keep a replica stepping at tiny batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from bidirl.perf.calibration import LinearTimeModel
@@ -27,6 +34,12 @@ from bidirl.perf.profiles import HardwareProfile, ModelProfile
 STEP_OVERHEAD_S = 1.5e-3  # scheduler + launch overhead per decode step on a GPU engine
 KV_MEMORY_FRACTION = 0.9  # vLLM's gpu_memory_utilization default
 MAX_NUM_SEQS = 256  # vLLM's default cap on concurrent sequences per replica
+GRAD_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default gradient bucket
+TP_ALL_REDUCES_TRAIN = 4  # per layer and micro-batch: 2 forward (attention, MLP), 2 backward
+
+
+def _tp_spans(hw: HardwareProfile, tp: int) -> bool:
+    return tp > hw.devices_per_node
 
 
 def decode_prior(hw: HardwareProfile, m: ModelProfile, tp: int) -> tuple[float, float, float]:
@@ -34,10 +47,11 @@ def decode_prior(hw: HardwareProfile, m: ModelProfile, tp: int) -> tuple[float, 
     flops = hw.peak_tflops * 1e12 * hw.decode_efficiency
     a = m.weights_bytes / tp / bw + STEP_OVERHEAD_S * (hw.name != "cpu-core")
     c = m.flops_per_token / tp / flops
-    if tp > 1:  # two all-reduces of the hidden state per layer
-        c += 2 * m.layers * m.hidden * m.bytes_per_param * 2 * (tp - 1) / tp / (
-            hw.intra_node_gbps * 1e9)
-        a += 2 * m.layers * 8e-6  # all-reduce latency
+    if tp > 1:  # two all-reduces of the hidden state per layer: latency per step, bytes per token
+        spans = _tp_spans(hw, tp)
+        a += hw.all_reduce_s(0.0, tp, spans, calls=2 * m.layers)
+        c += hw.all_reduce_s(2 * m.layers * m.hidden * m.bytes_per_param, tp, spans) - \
+            hw.all_reduce_s(0.0, tp, spans)
     k = m.kv_bytes_per_token / tp / bw + m.attention_flops_per_token(1) / tp / flops
     return (a, c, k)
 
@@ -47,6 +61,10 @@ def train_prior(hw: HardwareProfile, m: ModelProfile, tp: int) -> tuple[float, f
     a = 5e-3
     c = 3 * m.flops_per_token / tp / flops
     q = 3 * m.attention_flops_per_token(1) / tp / flops / 2  # causal: half the square
+    if tp > 1:  # the tensor-parallel all-reduces of the activations, forward and backward
+        spans, calls = _tp_spans(hw, tp), TP_ALL_REDUCES_TRAIN * m.layers
+        a += hw.all_reduce_s(0.0, tp, spans, calls=calls)
+        c += hw.all_reduce_s(calls * m.hidden * m.bytes_per_param, tp, spans) - hw.all_reduce_s(0.0, tp, spans)
     return (a, c, q)
 
 
@@ -118,12 +136,13 @@ class TrainStageModel:
         return self.micro.predict((1.0, tokens, tokens * seq_len))
 
     def grad_wire_s(self, dp: int, spans_nodes: bool) -> float:
-        """Bandwidth term of a ring all-reduce of the gradients over ``dp`` ranks."""
+        """The gradients' all-reduce over ``dp`` ranks on the wire: its buckets' latency
+        and its bytes over the bandwidth (``HardwareProfile.all_reduce_s``)."""
         if dp <= 1:
             return 0.0
-        bw = (self.hw.inter_node_gbps if spans_nodes else self.hw.intra_node_gbps) * 1e9
         grad_bytes = self.model.params * 4 / self.tp  # fp32 gradients
-        return 2 * (dp - 1) / dp * grad_bytes / bw
+        buckets = max(1, math.ceil(grad_bytes / GRAD_BUCKET_BYTES))
+        return self.hw.all_reduce_s(grad_bytes, dp, spans_nodes, calls=buckets)
 
     def sync_s(self, dp: int, spans_nodes: bool) -> float:
         if dp <= 1:
