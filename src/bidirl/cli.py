@@ -76,7 +76,8 @@ def _summary(r) -> str:
     return "\n".join([
         f"policy {r.policy} on scenario {r.scenario}: {r.steps} steps, {r.devices} devices, seed {r.seed}",
         f"  throughput        {r.throughput_tokens_per_s:,.0f} tokens/s "
-        f"(ideal {r.ideal_tokens_per_s:,.0f}, efficiency {r.efficiency:.1%})",
+        f"(ideal {r.ideal_tokens_per_s:,.0f}, efficiency {r.efficiency:.1%}; attainable "
+        f"{r.attainable_tokens_per_s:,.0f}, efficiency {r.efficiency_attainable:.1%})",
         f"  mean step time    {r.mean_step_time_s:.2f} s   wall {r.wall_s:.1f} s",
         f"  pool busy         rollout {pb.get('rollout', 0):.1%}   train {pb.get('train', 0):.1%}",
         f"  borrows           roll-on-train {b.get('roll_on_train', 0)}   "
@@ -115,7 +116,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     keep = bool(args.trace or args.plot)
     t0 = time.perf_counter()
     result = simulate(sc, args.policy, steps=args.steps, seed=args.seed,
-                      record_intervals=keep)
+                      record_intervals=keep, allow_oversubscribe=args.allow_oversubscribe)
     took = time.perf_counter() - t0
     print(_summary(result))
     print(f"  (simulated in {took:.2f} s)")
@@ -228,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", help="write a timeline PNG here (records every device interval)")
     s.add_argument("--plan", choices=("fixed", "auto"), default="fixed",
                    help="auto: run on the planner's envelope instead of the scenario's split")
+    s.add_argument("--allow-oversubscribe", action="store_true",
+                   help="run a split whose rollout replica or trainer does not fit in device memory "
+                   "(refused otherwise, naming the role and its memory); borrowed roles still go only where "
+                   "they fit")
     s.add_argument("--grid", help="run a sweep instead (allowed: paper)")
     s.add_argument("--policies", help="comma-separated subset of policies for --grid")
     s.set_defaults(func=cmd_simulate)

@@ -13,7 +13,8 @@ from bidirl.sim.scenario import builtin_names
 JSON_KEYS = {
     "policy", "scenario", "steps", "throughput_tokens_per_s", "mean_step_time_s",
     "pool_busy_fraction", "switch_time_s", "borrows", "ideal_tokens_per_s", "efficiency",
-    "staleness", "groups_trained", "groups_lost", "trace_sha256",
+    "staleness", "groups_trained", "groups_lost", "trace_sha256", "attainable_tokens_per_s",
+    "efficiency_attainable",
 }
 
 
@@ -32,6 +33,9 @@ def test_json_has_every_promised_key(tmp_path, capsys):
     assert 0 < data["efficiency"] <= 1.05
     assert data["efficiency"] == pytest.approx(
         data["throughput_tokens_per_s"] / data["ideal_tokens_per_s"])
+    assert 0 < data["attainable_tokens_per_s"] <= data["ideal_tokens_per_s"]
+    assert data["efficiency_attainable"] == pytest.approx(
+        data["throughput_tokens_per_s"] / data["attainable_tokens_per_s"])
     assert "throughput" in capsys.readouterr().out
 
 
@@ -140,7 +144,7 @@ def test_json_without_trace_has_the_figures_of_a_run_with_trace(tmp_path, capsys
     for key in ("throughput_tokens_per_s", "tokens_trained", "wall_s", "mean_step_time_s",
                 "pool_busy_fraction", "switch_time_s", "borrows", "ideal_tokens_per_s",
                 "efficiency", "staleness", "groups_trained", "groups_lost", "step_times_s",
-                "admission"):
+                "admission", "attainable_tokens_per_s", "efficiency_attainable"):
         assert a[key] == b[key], key
     for key in ("pool_seconds", "events", "colocated_switches", "ledger_ok"):
         assert a["extra"][key] == b["extra"][key], key

@@ -50,6 +50,9 @@ class RunResult:
     admission: dict[str, int] = field(default_factory=dict)  # admitted / rejected counts
     intervals: list[Interval] = field(default_factory=list, repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The simulator's bound that also counts the staleness chain (sim/run.py); 0: not computed
+    attainable_tokens_per_s: float = 0.0
+    efficiency_attainable: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """The keys promised by the CLI's ``--json`` (no intervals)."""
@@ -57,7 +60,8 @@ class RunResult:
                 "throughput_tokens_per_s", "mean_step_time_s", "pool_busy_fraction",
                 "switch_time_s", "borrows", "ideal_tokens_per_s", "efficiency", "staleness",
                 "groups_trained", "groups_lost", "trace_sha256", "devices", "seed",
-                "step_times_s", "stage_model_median_error", "admission", "extra")
+                "step_times_s", "stage_model_median_error", "admission", "extra",
+                "attainable_tokens_per_s", "efficiency_attainable")
         return {k: getattr(self, k) for k in keys}
 
 

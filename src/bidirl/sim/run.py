@@ -20,6 +20,19 @@ without weight sync, data-parallel all-reduce, optimizer, switch costs or timing
 Ideal wall time = work / devices, and ``ideal_tokens_per_s = tokens_trained / that``.
 No schedule can beat it, so ``efficiency <= 1`` (up to timing noise, whose mean is 1).
 
+``attainable_tokens_per_s`` adds what no schedule can avoid either: a batch at staleness
+``s`` cannot start before the weights it must be generated with exist, nor train before
+its longest response has decoded.  With ``gen(k) = end(k - s - 1)`` (0 for the first
+``s + 1`` batches, after the start-up), ``longest(k)`` the seconds its longest response
+takes to prefill and decode alone on one replica (batch 1: ``a + c + k * context`` per
+token) and ``train(k)`` the step's ideal training device-seconds over all devices plus its
+optimizer step::
+
+    end(k) = max(end(k - 1), gen(k) + longest(k)) + train(k)
+
+Attainable wall time = max(ideal wall time, ``end(steps - 1)``);
+``efficiency_attainable = throughput / attainable_tokens_per_s`` says what is left to win.
+
 Other fields: ``switch_time_s`` is device-seconds spent switching (C_in, C_out, C_grad and
 the colocated switches of ``sync``); ``borrows`` counts lend transactions of units (a
 unit is one replica's ``rollout_tp`` devices), colocated phase switches excluded (they are
@@ -117,6 +130,8 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
     ideal_wall = (_ideal_rollout_s(rt) + rt.trained.device_s) / spec.devices
     throughput = rt.trained.tokens / wall
     ideal = rt.trained.tokens / ideal_wall if ideal_wall > 0 else 0.0
+    attainable_wall = max(ideal_wall, critical_path_s(rt))
+    attainable = rt.trained.tokens / attainable_wall if attainable_wall > 0 else 0.0
     ends = [0.0] + rt.trained.step_ends
     pools = pool_figures(rec.tally)
     return RunResult(
@@ -127,6 +142,8 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
         borrows={"roll_on_train": rt.hosting.lends["roll_on_train"],
                  "train_on_roll": rt.hosting.lends["train_on_roll"]},
         ideal_tokens_per_s=ideal, efficiency=throughput / ideal if ideal else 0.0,
+        attainable_tokens_per_s=attainable,
+        efficiency_attainable=throughput / attainable if attainable else 0.0,
         staleness={"mean": audit.mean_staleness, "max": float(audit.max_staleness)},
         groups_trained=audit.groups_trained,
         groups_lost=spec.total_groups - audit.groups_trained + len(audit.trained_twice),
@@ -158,3 +175,19 @@ def _ideal_rollout_s(rt: SimRuntime) -> float:
         total += float(np.sum(lens * per_token + k * lens * (lens - 1) / 2))
     prefill = truth.rollout.prefill_s(prompt) * spec.total_groups
     return (total + prefill) * spec.rollout_tp
+
+
+def critical_path_s(rt: SimRuntime) -> float:
+    """``end(steps - 1)`` of the staleness chain (module docstring)."""
+    spec, truth = rt.spec, rt.truth
+    a, c, k = truth.rollout.decode.theta
+    prompt = spec.prompt_tokens
+    prefill = truth.rollout.prefill_s(prompt)
+    train = rt.trained.device_s / spec.steps / spec.devices + truth.step_overhead_s
+    ends: list[float] = []
+    for b in range(spec.steps):
+        longest = float(rt.lengths.draw_batch(b).max())
+        decode = longest * (a + c + k * prompt) + k * longest * (longest - 1) / 2
+        gen = ends[b - spec.staleness - 1] if b > spec.staleness else truth.startup_s
+        ends.append(max(ends[-1] if ends else 0.0, gen + prefill + decode) + train)
+    return ends[-1] if ends else 0.0
