@@ -62,7 +62,8 @@ def load(name_or_path: str | Path) -> Scenario:
             raise ScenarioError(
                 f"unknown scenario {name_or_path!r}; built-in: {', '.join(builtin_names())}"
                 " (or pass a path to a .yaml file)")
-        text, default_name, base = root.read_text(), str(name_or_path), None
+        text, default_name = root.read_text(), str(name_or_path)
+        base = Path(str(root)).parent if Path(str(root)).is_file() else None  # its models/ beside it
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
