@@ -54,8 +54,8 @@ def test_trace_has_one_track_per_device_and_plot_is_a_png(tmp_path):
 
 def test_bad_scenario_exits_2_with_one_line_naming_the_field(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\nhardware: H100-80GB\nmodel: Qwen3-8B\ndevices: 16\npools: {rollout_devices: 8, train_devices: 4,"
-                   " train: {dp: 4}}\n")
+    bad.write_text("name: bad\nhardware: H100-80GB\nmodel: Qwen3-8B\ndevices: 16\n"
+                   "pools: {rollout_devices: 8, train_devices: 4, train: {dp: 4}}\n")
     assert main(["simulate", "--scenario", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pools.train_devices" in err

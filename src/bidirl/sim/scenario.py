@@ -34,8 +34,8 @@ from bidirl.perf.scenario import (
     read_lengths,
 )
 
-__all__ = ["LENGTH_DISTS", "Calibration", "Costs", "HardwareSpec", "ModelSpec", "Pools", "ResponseLength", "Scenario", "ScenarioError",
-           "SimKnobs", "TrainLayout", "Workload", "builtin_names", "from_dict", "load"]
+__all__ = ["LENGTH_DISTS", "Calibration", "Costs", "HardwareSpec", "ModelSpec", "Pools", "ResponseLength",
+           "Scenario", "ScenarioError", "SimKnobs", "TrainLayout", "Workload", "builtin_names", "from_dict", "load"]
 
 
 def builtin_names() -> list[str]:
