@@ -12,10 +12,14 @@ sizes, device counts, length distributions and staleness bounds):
   baseline-aligned half/half split, ``async`` on its best simulated split, ``bidirl`` on
   the planner's split.
 
+Memory: the simulator refuses a split whose roles do not fit (``planner.compat.split_fit``,
+the planner's own model), so a grid point whose half/half split does not fit has no
+"gains" row (``gains_skipped``); the oracle simulates only compatible envelopes.
+
 Prints a table, writes ``bench/results/planner_regret.json``.  Simulated results are
 cached in ``bench/results/planner_regret.cache.json`` (keyed by scenario, envelope,
 policy, steps and a hash of the simulator's code: ``src/bidirl/{policy,sim,controller,perf,
-core}``) so an interrupted run resumes and a change to the policy or simulator re-simulates;
+core,planner}``) so an interrupted run resumes and a change to the policy or simulator re-simulates;
 ``--fresh`` ignores the cache.
 
     .venv/bin/python bench/planner_regret.py --quick      # a few minutes
@@ -44,7 +48,8 @@ RANDOM_HARDWARE = ("A6000-48GB", "H100-80GB", "H200-141GB", "A100-80GB")
 RANDOM_MODELS = ("Qwen3-4B", "Qwen3-8B", "Qwen2.5-7B", "Qwen3-14B", "Qwen3-32B")
 RANDOM_DEVICES = (6, 10, 12, 14, 20, 24, 28, 36, 40, 48)
 SEED_STRIDE = 7919  # seeds of one scenario's repetitions: sc.seed, sc.seed + 7919, ...
-SIM_PACKAGES = ("policy", "sim", "controller", "perf", "core")  # what a simulated run executes
+SIM_PACKAGES = ("policy", "sim", "controller", "perf", "core", "planner")  # what a simulated run executes
+# (planner: the simulator sizes memory with the planner's model, planner.compat.split_fit)
 
 
 def sim_code_version() -> str:
@@ -184,8 +189,11 @@ def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: 
         "regime": result.prediction.regime, "borrowed": result.prediction.borrowed,
         "seed_oracle_regret": seed_oracle_regret(sims),
     }
+    half = envelope_of(sc.replace(pools=half_split(sc.devices)))
+    if gains and not half_fits(sc, half):
+        row["gains_skipped"] = "the half/half split does not fit in memory (sim.world.build refuses it)"
+        gains = False
     if gains:
-        half = envelope_of(sc.replace(pools=half_split(sc.devices)))
         row["gains"] = {
             "async_half": cache.run(sc, half, "async", steps, seeds)["tokens_per_s"],
             "bidirl_half": cache.run(sc, half, "bidirl", steps, seeds)["tokens_per_s"],
@@ -194,6 +202,14 @@ def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: 
             "bidirl_planner": got,
         }
     return row
+
+
+def half_fits(sc: Scenario, half: Envelope) -> bool:
+    """The memory model the simulator refuses a split by (``planner.compat.split_fit``)."""
+    from bidirl.planner.compat import split_fit
+    from bidirl.planner.context import PlanContext
+
+    return split_fit(PlanContext.from_scenario(sc), half).refusal is None
 
 
 GAIN_RATIOS = {  # name -> (numerator, denominator) of the "separate the two gains" table
