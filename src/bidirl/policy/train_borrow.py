@@ -107,7 +107,10 @@ class AuxLending:
         b1 = s.next_step + 1
         after = est.merge_s() + est.weight_sync_s()
         c_out = est.switch.estimate("train_on_roll.c_out")
-        ready0 = predict.ready_in(s, b1)
+        # the steps up to the queue's head follow this one (admission.train_on_roll)
+        horizon = range(b1, max(b1, min(s.spec.steps - 1, s.next_step + s.spec.staleness)) + 1)
+        ready0 = tuple(predict.ready_in(s, k) for k in horizon)
+        step_s = est.step_s.value + est.weight_sync_s()
         best: tuple[admission.AdmissionDecision, list[AuxExecutor]] | None = None
         for k in sorted({min(1 << i, len(idle)) for i in range(len(idle).bit_length() + 1)}):  # 1, 2, 4, .., all
             free = [AuxExecutor(u, 0.0, 0.0) for u in idle[:k]]
@@ -118,9 +121,10 @@ class AuxLending:
                 plan = plan_chunks(n, p_s, dp, ready + paid, a_s)
                 shares = plan.aux[len(ready):]
                 away = c_in + max(shares, default=0) * a_s + c_grad + c_out
-                ready_k = predict.ready_in(s, b1, remove=k, remove_s=away)
-                d = admission.train_on_roll(s.t, k, step0, step_free, plan.makespan_s, after, ready0, ready_k,
-                                            error=est.admission_error("train_on_roll"))
+                ready_ks = tuple(predict.ready_in(s, i, remove=k, remove_s=away) for i in horizon)
+                ready_k = ready_ks[0]
+                d = admission.train_on_roll(s.t, k, step0, step_free, plan.makespan_s, after, ready0, ready_ks,
+                                            error=est.admission_error("train_on_roll"), step_s=step_s)
                 if sum(1 for m in shares if m) < k:  # a lent replica would get nothing to do
                     d = admission.decide("train_on_roll", s.t, k, d.benefit_s, float("inf"))
                 # Does the next batch (not this step) decide when the next step starts?
