@@ -10,23 +10,34 @@ the auxiliaries go home (C_out) and take rollout work again.
 ``AuxLending`` is the mechanism, shared with ``bidirl`` and ``bidirl-opportunistic``.
 Guided: at step start, try k = 1, 2, 4, ... idle replicas and keep the k with the best
 predicted next-step start (``admission.train_on_roll``), if any beats not borrowing.
-Opportunistic: lend a replica as soon as it runs dry mid-step with nothing admissible to
-do; it joins the next step, or goes home first if no replica is left to roll out
-that step's batch.
+A replica that runs dry *while a step is in progress* (it rolled the next batch and the
+staleness bound stops it) can join that step (``JoinStep``): once up, it takes the
+primary's unclaimed micro-batches from the tail (``split.steal_schedule``).  Guided: only
+if the admission predicts that the step, and so the next one's start, comes earlier by
+more than the switches cost.  Opportunistic: always.  A replica lent mid-step whose step
+ends before it is up joins the next one instead, or goes home first if no replica is
+left to roll out that step's batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from bidirl.controller.actions import Action, Lend, MicroBatch, Reclaim
-from bidirl.controller.events import ChunkComputed, Event, GroupsCompleted, TrainStepFinished
+from bidirl.controller.actions import Action, JoinStep, Lend, MicroBatch, Reclaim
+from bidirl.controller.events import (
+    ChunkComputed,
+    DeviceLent,
+    Event,
+    GroupsCompleted,
+    StageMeasured,
+    TrainStepFinished,
+)
 from bidirl.controller.state import ClusterState, Phase, UnitStatus
 from bidirl.core.ledger import Role
 from bidirl.policy import admission, predict
 from bidirl.policy.asynchronous import AsyncPolicy
-from bidirl.policy.base import AWAY, micro_means, reclaim_away, register
-from bidirl.policy.split import AuxExecutor, plan_chunks
+from bidirl.policy.base import AWAY, micro_means, micro_times, primary_ranks, reclaim_away, register
+from bidirl.policy.split import AuxExecutor, plan_chunks, rank_progress, steal_schedule
 
 
 class AuxLending:
@@ -34,6 +45,7 @@ class AuxLending:
 
     def __init__(self, guided: bool = True) -> None:
         self.guided = guided
+        self._judged: set[tuple[int, int]] = set()  # (step, replica) whose join was judged
 
     def actions(self, s: ClusterState, event: Event) -> Iterator[Action]:
         if isinstance(event, ChunkComputed):  # nothing left for it this step: home to roll out
@@ -43,15 +55,72 @@ class AuxLending:
             for u in sorted(s.step_chunks):  # their chunk is merged: send them home
                 if s.units.status[u] is UnitStatus.LENT:
                     yield Reclaim(u)
-        elif not self.guided and isinstance(event, GroupsCompleted):
-            r = event.replica
-            if (s.spec.aux_trainers and r in s.units.idle_replicas and s.phase is Phase.TRAINING
-                    and s.next_group(r, s.spec.steps - 1) is None):
-                s.admissions.append(admission.AdmissionDecision(
-                    "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False))
-                yield Lend(r, Role.AUX_TRAIN)
+        elif isinstance(event, GroupsCompleted) and self._may_join(s, event.replica):
+            yield from self._join(s, event.replica)
+        elif (self.guided and isinstance(event, StageMeasured) and event.stage == "train_micro"
+              and s.phase is Phase.TRAINING):
+            # The primary's model just learned something (on a first step, the first it knows):
+            # a join rejected on the prior may pay after all.
+            for r in sorted(s.units.idle_replicas):
+                if self._may_join(s, r):
+                    yield from self._join(s, r)
+        elif isinstance(event, DeviceLent) and event.role is Role.AUX_TRAIN:
+            u = event.unit  # lent mid-step: join it if it still runs
+            if (s.phase is Phase.TRAINING and s.step_action is not None and u not in s.step_chunks
+                    and s.units.status[u] is UnitStatus.LENT):
+                yield JoinStep(u, s.step_action.step)
         if self._stranded(s):
             yield from reclaim_away(s, range(s.spec.n_replicas))
+
+    @staticmethod
+    def _may_join(s: ClusterState, r: int) -> bool:
+        """Replica ``r`` is idle during a step it is not part of, with nothing it may start."""
+        return (s.spec.aux_trainers and r in s.units.idle_replicas and s.phase is Phase.TRAINING
+                and r not in s.step_chunks and not s.units.colocated[r]
+                and s.next_group(r, s.spec.steps - 1) is None)
+
+    def _join(self, s: ClusterState, r: int) -> Iterator[Action]:
+        d = self.judge_join(s) if self.guided else admission.AdmissionDecision(
+            "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False)
+        key = (s.next_step, r)
+        if d.admit or key not in self._judged:  # one record per rejected replica and step
+            s.admissions.append(d)
+        self._judged.add(key)
+        if d.admit:
+            yield Lend(r, Role.AUX_TRAIN)
+
+    @staticmethod
+    def judge_join(s: ClusterState) -> admission.AdmissionDecision:
+        """Should an idle replica join the step in progress?
+
+        The step's remaining primary work is laid out as if each rank had computed its
+        micro-batches back to back since the step started (``split.rank_progress``); the
+        join is then played out on predicted times (``split.steal_schedule``), free (no C_in,
+        no C_grad) and paid, and judged like a lend at step start (``admission.train_on_roll``)
+        with the replica away until its share is in and it is home again.
+        """
+        est, spec, a = s.est, s.spec, s.step_action
+        p_s, a_s = micro_times(s, a.micro_batches)
+        ranks = [[(i, p_s[i]) for i in idx] for idx in primary_ranks(a, spec.train_dp)]
+        progress = rank_progress(ranks, s.step_started, s.t)
+        aux_micro = dict(enumerate(a_s))
+        c_in = est.switch.estimate("train_on_roll.c_in")
+        c_grad = est.switch.estimate("train_on_roll.c_grad")
+        c_out = est.switch.estimate("train_on_roll.c_out")
+        alone = max((r.current_end_s + (r.queued_s or 0.0) + sum(x for _, x in r.todo) for r in progress),
+                    default=s.t) - s.t
+        free = steal_schedule(progress, [s.t], aux_micro)
+        paid = steal_schedule(progress, [s.t + c_in], aux_micro)
+        if not paid.stolen[0]:
+            return admission.decide("train_on_roll", s.t, 0, 0.0, 0.0)
+        step_free = max(free.primary_end_s, free.aux_end_s[0]) - s.t
+        step_k = max(paid.primary_end_s, paid.aux_end_s[0] + c_grad) - s.t
+        b1 = s.next_step + 1
+        away = (paid.aux_end_s[0] - s.t) + c_grad + c_out
+        return admission.train_on_roll(
+            s.t, 1, alone, step_free, step_k, est.merge_s() + est.weight_sync_s(),
+            predict.ready_in(s, b1), predict.ready_in(s, b1, remove=1, remove_s=away),
+            error=est.admission_error("train_on_roll"))
 
     @staticmethod
     def _stranded(s: ClusterState) -> bool:
