@@ -7,8 +7,9 @@ step runs:
 * each primary data-parallel rank gets its micro-batches (dealt round-robin) one call at
   a time, keeping ``PRIMARY_DEPTH`` calls on its device (one computing, one queued behind
   it, so the device never waits for a round trip to the driver);
-* an auxiliary trainer in the plan computes its chunk, one micro-batch per call, so a
-  reclaim waits for at most one;
+* an auxiliary trainer in the plan computes its chunk the same way (``PRIMARY_DEPTH``
+  calls on its device), so a reclaim waits for at most the micro-batch in progress and
+  the one queued; what it had not started goes to the primary (or a joiner);
 * an auxiliary that joins the step in progress (``JoinStep``) takes the highest
   micro-batch no rank has claimed yet, each time its previous one returns: the primary
   eats its list from the head, the auxiliary from the tail, and they meet
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from bidirl.controller.actions import PRIMARY, JoinStep, StartTrainStep
 from bidirl.controller.events import ChunkComputed, StageMeasured, TrainStepFinished
 from bidirl.core.staleness import staleness_at_training
-from bidirl.frame.hosting import LENT
+from bidirl.frame.hosting import LENDING, LENT
 
 PRIMARY_DEPTH = 2  # calls a primary rank keeps on its device: one computing, one queued
 
@@ -62,6 +63,7 @@ class _Step:
     todo: list[deque]  # per primary rank: the ones nobody has claimed yet
     inflight: list[int]  # per primary rank: its calls on its device
     static: list[int] = field(default_factory=list)  # the plan's auxiliary micro-batches, merge order
+    static_todo: dict[int, deque] = field(default_factory=dict)  # unit -> its chunk's unissued ones
     refs: dict[int, object] = field(default_factory=dict)  # micro-batch -> its gradient's handle
     computed_on: dict[int, int] = field(default_factory=dict)  # micro-batch -> device
     aux_calls: dict[int, int] = field(default_factory=dict)  # unit -> its calls not returned
@@ -90,11 +92,10 @@ class TrainDriver:
             if c.executor == PRIMARY:
                 continue
             rec.chunks.append((str(c.executor), len(c.micro_batches)))
-            dev = ex.unit_device(c.executor)
-            self._weights_for(dev)
-            for i in c.micro_batches:  # one call per micro-batch, so a reclaim waits for at most one
-                st.static.append(i)
-                self._issue_static(st, c.executor, i, dev)
+            self._weights_for(ex.unit_device(c.executor))
+            st.static += c.micro_batches
+            st.static_todo[c.executor] = deque(c.micro_batches)
+            self._feed_static(st, c.executor)
         for r in range(len(devs)):
             self._feed_rank(st, r)
         self._check_done(st)
@@ -162,27 +163,39 @@ class TrainDriver:
         self._feed_rank(st, r)
         self._check_done(st)
 
-    def _issue_static(self, st: _Step, unit: int, i: int, dev: int) -> None:
-        """Micro-batch ``i`` of ``unit``'s chunk, on ``dev`` (the unit's device, or the
-        primary's when the unit died: then it is recomputed there; merge order is kept)."""
-        st.aux_calls[unit] = st.aux_calls.get(unit, 0) + 1
-        role = "aux_train" if dev == self.ex.unit_device(unit) else "train"
+    def _feed_static(self, st: _Step, unit: int) -> None:
+        """Keep ``PRIMARY_DEPTH`` calls of ``unit``'s chunk on its device while it is lent (or
+        being lent); once it is on its way home, the rest goes to rank 0, which merges it."""
+        ex, q = self.ex, st.static_todo[unit]
+        if ex.hosting.status[unit] not in (LENDING, LENT):
+            if q:
+                st.todo[0].extend(q)  # higher indices than rank 0's own: its queue stays in order
+                q.clear()
+                self._feed_rank(st, 0)
+            return
+        dev = ex.unit_device(unit)
+        while st.aux_calls.get(unit, 0) < PRIMARY_DEPTH and q:
+            i = q.popleft()
+            st.aux_calls[unit] = st.aux_calls.get(unit, 0) + 1
 
-        def lost():
-            st.calls_left -= 1  # the lost call never returns
-            st.aux_calls[unit] -= 1
-            self._issue_static(st, unit, i, self.ex.layout.train_devices[0])
+            def lost(i=i):  # the auxiliary died: rank 0 computes the rest of its chunk
+                st.calls_left -= 1  # the lost call never returns
+                st.aux_calls[unit] -= 1
+                st.todo[0].extend(sorted([i, *st.static_todo[unit]]))
+                st.static_todo[unit].clear()
+                self._feed_rank(st, 0)
 
-        self._compute(st, dev, role, i, lambda res: self._aux_done(st, unit, res, role),
-                      on_lost=lost if role == "aux_train" else None)
+            self._compute(st, dev, "aux_train", i, lambda res: self._aux_done(st, unit, res), on_lost=lost)
 
-    def _aux_done(self, st: _Step, unit: int, res, role: str) -> None:
-        self._measured("aux_micro" if role == "aux_train" else "train_micro", res)
+    def _aux_done(self, st: _Step, unit: int, res) -> None:
+        self._measured("aux_micro", res)
         st.aux_calls[unit] -= 1
         st.calls_left -= 1
-        if unit in st.joined and role == "aux_train":
+        if unit in st.static_todo:
+            self._feed_static(st, unit)
+        if unit in st.joined:
             self._steal(st, unit)
-        if not st.aux_calls[unit] and role == "aux_train":  # its last one: it may go home before the merge
+        if not st.aux_calls[unit]:  # its last one: it may go home before the merge
             self.ex.deliver(ChunkComputed(unit, st.a.step))
         self._check_done(st)
 
@@ -219,8 +232,8 @@ class TrainDriver:
             st.todo[r].append(i)
             self._feed_rank(st, r)
 
-        self._compute(st, ex.unit_device(unit), "aux_train", i,
-                      lambda res: self._aux_done(st, unit, res, "aux_train"), on_lost=lost)
+        self._compute(st, ex.unit_device(unit), "aux_train", i, lambda res: self._aux_done(st, unit, res),
+                      on_lost=lost)
 
     # -- merge -----------------------------------------------------------------------------
     def _measured(self, stage: str, res) -> None:
@@ -233,7 +246,7 @@ class TrainDriver:
                                           sum(x for _, _, x in timings)))
 
     def _check_done(self, st: _Step) -> None:
-        if st.merging or st.calls_left or any(st.todo):
+        if st.merging or st.calls_left or any(st.todo) or any(st.static_todo.values()):
             return
         st.merging = True
         for unit, items in st.joined.items():
