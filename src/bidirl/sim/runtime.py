@@ -166,12 +166,20 @@ class SimRuntime:
         tokens = 0
         stall = 0.0
         prefill_s = self.truth.rollout.prefill_s
-        for gid in a.group_ids:  # one prefill per group, as when groups arrive one by one
-            n = eng.admit(gid, self.lengths.lengths(gid), self.partials.pop(gid, None))
-            tokens += n
-            stall += prefill_s(n) * self.noise()
+        per_response = self.truth.prefill_per_response
+        prompt = self.spec.prompt_tokens
+        for gid in a.group_ids:
+            prefixes = self.partials.pop(gid, None)
+            n = eng.admit(gid, self.lengths.lengths(gid), prefixes)
+            if per_response:  # every response prefills the prompt (no prefix caching), all in one burst
+                tokens += n + prompt * ((len(prefixes) if prefixes is not None else self.spec.group_size) - 1)
+            else:  # one prefill per group, as when groups arrive one by one
+                tokens += n
+                stall += prefill_s(n) * self.noise()
+        if per_response:
+            stall = prefill_s(tokens) * self.noise()
         eng.stall(now, stall)
-        self.samples.add_prefill(u, len(a.group_ids), tokens, stall)
+        self.samples.add_prefill(u, 1 if per_response else len(a.group_ids), tokens, stall)
         self.unplanned.add(u)
         self.dirty.add(u)
 
