@@ -60,10 +60,10 @@ WORKLOADS = {
         ("rollout.max_new_tokens=24", "trainer.micro_batch_size=4", "trainer.kl_coef=0.01"),
         long_prompts=True),
     "shifting": Workload(
-        f"~{LONG_PROMPT_TOKENS}-token prompts, the response cap growing 16 -> 256 over the run: "
-        "the bottleneck moves from training to rollout",
-        ("rollout.max_new_tokens=256", "rollout.max_new_tokens_start=16", "rollout.max_num_seqs=16",
-         "trainer.micro_batch_size=8"), long_prompts=True, steps=14),
+        f"~{LONG_PROMPT_TOKENS}-token prompts, the response cap growing 16 -> 192 over the run on a "
+        "replica that runs 4 at a time: the bottleneck moves from training to rollout",
+        ("rollout.max_new_tokens=192", "rollout.max_new_tokens_start=16", "rollout.max_num_seqs=4",
+         "trainer.micro_batch_size=8"), long_prompts=True, steps=12),
     "balanced": Workload(
         "responses <= 128 tokens, all 64 at once: rollout and training take about as long",
         ("rollout.max_new_tokens=128", "trainer.micro_batch_size=16")),
