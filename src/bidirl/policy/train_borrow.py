@@ -45,7 +45,12 @@ class AuxLending:
 
     def __init__(self, guided: bool = True) -> None:
         self.guided = guided
-        self._judged: set[tuple[int, int]] = set()  # (step, replica) whose join was judged
+        # Joins of a step close at its first rejection: the step's remaining work only shrinks,
+        # so a later replica would be rejected too (and at scale, hundreds go idle in a step).
+        # The first primary measurement of a step reopens them once: a rejection made on the
+        # prior (a first step) may turn out wrong.
+        self._closed = -1  # the step whose joins are closed
+        self._measured = -1  # the step whose first primary measurement was seen
 
     def actions(self, s: ClusterState, event: Event) -> Iterator[Action]:
         if isinstance(event, ChunkComputed):  # nothing left for it this step: home to roll out
@@ -58,9 +63,10 @@ class AuxLending:
         elif isinstance(event, GroupsCompleted) and self._may_join(s, event.replica):
             yield from self._join(s, event.replica)
         elif (self.guided and isinstance(event, StageMeasured) and event.stage == "train_micro"
-              and s.phase is Phase.TRAINING):
-            # The primary's model just learned something (on a first step, the first it knows):
-            # a join rejected on the prior may pay after all.
+              and s.phase is Phase.TRAINING and self._measured != s.next_step):
+            self._measured = s.next_step
+            if self._closed == s.next_step:
+                self._closed = -1
             for r in sorted(s.units.idle_replicas):
                 if self._may_join(s, r):
                     yield from self._join(s, r)
@@ -80,14 +86,15 @@ class AuxLending:
                 and s.next_group(r, s.spec.steps - 1) is None)
 
     def _join(self, s: ClusterState, r: int) -> Iterator[Action]:
+        if self.guided and self._closed == s.next_step:
+            return
         d = self.judge_join(s) if self.guided else admission.AdmissionDecision(
             "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False)
-        key = (s.next_step, r)
-        if d.admit or key not in self._judged:  # one record per rejected replica and step
-            s.admissions.append(d)
-        self._judged.add(key)
+        s.admissions.append(d)
         if d.admit:
             yield Lend(r, Role.AUX_TRAIN)
+        else:
+            self._closed = s.next_step
 
     @staticmethod
     def judge_join(s: ClusterState) -> admission.AdmissionDecision:
@@ -107,16 +114,19 @@ class AuxLending:
         c_in = est.switch.estimate("train_on_roll.c_in")
         c_grad = est.switch.estimate("train_on_roll.c_grad")
         c_out = est.switch.estimate("train_on_roll.c_out")
-        alone = max((r.current_end_s + (r.queued_s or 0.0) + sum(x for _, x in r.todo) for r in progress),
-                    default=s.t) - s.t
-        free = steal_schedule(progress, [s.t], aux_micro)
-        paid = steal_schedule(progress, [s.t + c_in], aux_micro)
-        if not paid.stolen[0]:
+        # Auxiliaries already joining (or on their way to) take from the same tail.
+        others = [s.t] * sum(1 for u in range(spec.n_replicas) if s.step_chunks.get(u) == 0 or (
+            u not in s.step_chunks and s.units.status[u] is UnitStatus.LENDING))
+        base = steal_schedule(progress, others, aux_micro)
+        alone = max(base.primary_end_s, max(base.aux_end_s, default=s.t)) - s.t
+        free = steal_schedule(progress, others + [s.t], aux_micro)
+        paid = steal_schedule(progress, others + [s.t + c_in], aux_micro)
+        if not paid.stolen[-1]:
             return admission.decide("train_on_roll", s.t, 0, 0.0, 0.0)
-        step_free = max(free.primary_end_s, free.aux_end_s[0]) - s.t
-        step_k = max(paid.primary_end_s, paid.aux_end_s[0] + c_grad) - s.t
+        step_free = max(free.primary_end_s, max(free.aux_end_s)) - s.t
+        step_k = max(paid.primary_end_s, paid.aux_end_s[-1] + c_grad, max(paid.aux_end_s[:-1], default=0.0)) - s.t
         b1 = s.next_step + 1
-        away = (paid.aux_end_s[0] - s.t) + c_grad + c_out
+        away = (paid.aux_end_s[-1] - s.t) + c_grad + c_out
         return admission.train_on_roll(
             s.t, 1, alone, step_free, step_k, est.merge_s() + est.weight_sync_s(),
             predict.ready_in(s, b1), predict.ready_in(s, b1, remove=1, remove_s=away),
