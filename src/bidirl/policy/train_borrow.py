@@ -45,12 +45,17 @@ class AuxLending:
 
     def __init__(self, guided: bool = True) -> None:
         self.guided = guided
-        # Joins of a step close at its first rejection: the step's remaining work only shrinks,
-        # so a later replica would be rejected too (and at scale, hundreds go idle in a step).
-        # The first primary measurement of a step reopens them once: a rejection made on the
-        # prior (a first step) may turn out wrong.
+        # Joins of a step close when one is judged to gain nothing: the step's remaining work
+        # only shrinks, so a later replica would gain nothing either (and at scale, hundreds go
+        # idle in a step).  A join rejected for its cost (the next batch still rolling out) is
+        # judged again for another replica, each replica once a step.  The first primary
+        # measurement of a step reopens them once: a judgement on the prior (a first step)
+        # may turn out wrong.
         self._closed = -1  # the step whose joins are closed
+        self._judged: set[tuple[int, int]] = set()  # (step, replica) rejected for its cost
         self._measured = -1  # the step whose first primary measurement was seen
+        self._joining: dict[int, int] = {}  # unit lent to join a step -> that step
+        self._joiners: tuple[int, set[int]] = (-1, set())  # a step and the units lent to join it
 
     def actions(self, s: ClusterState, event: Event) -> Iterator[Action]:
         if isinstance(event, ChunkComputed):  # nothing left for it this step: home to roll out
@@ -67,37 +72,44 @@ class AuxLending:
             self._measured = s.next_step
             if self._closed == s.next_step:
                 self._closed = -1
+            self._judged = {k for k in self._judged if k[0] > s.next_step}
             for r in sorted(s.units.idle_replicas):
                 if self._may_join(s, r):
                     yield from self._join(s, r)
-        elif isinstance(event, DeviceLent) and event.role is Role.AUX_TRAIN:
-            u = event.unit  # lent mid-step: join it if it still runs
-            if (s.phase is Phase.TRAINING and s.step_action is not None and u not in s.step_chunks
+        elif isinstance(event, DeviceLent) and event.unit in self._joining:
+            u = event.unit  # lent mid-step: join it if it still runs (else it waits for the next)
+            step = self._joining.pop(u)
+            if (s.phase is Phase.TRAINING and s.step_action is not None and s.step_action.step == step
                     and s.units.status[u] is UnitStatus.LENT):
-                yield JoinStep(u, s.step_action.step)
+                yield JoinStep(u, step)
         if self._stranded(s):
             yield from reclaim_away(s, range(s.spec.n_replicas))
 
     @staticmethod
     def _may_join(s: ClusterState, r: int) -> bool:
-        """Replica ``r`` is idle during a step it is not part of, with nothing it may start."""
+        """Replica ``r`` is home and idle during a step, with nothing it may start (it may have
+        computed a chunk of this step already, gone home and rolled the next batch out)."""
         return (s.spec.aux_trainers and r in s.units.idle_replicas and s.phase is Phase.TRAINING
-                and r not in s.step_chunks and not s.units.colocated[r]
-                and s.next_group(r, s.spec.steps - 1) is None)
+                and not s.units.colocated[r] and s.next_group(r, s.spec.steps - 1) is None)
 
     def _join(self, s: ClusterState, r: int) -> Iterator[Action]:
-        if self.guided and self._closed == s.next_step:
+        if self.guided and (self._closed == s.next_step or (s.next_step, r) in self._judged):
             return
         d = self.judge_join(s) if self.guided else admission.AdmissionDecision(
             "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False)
         s.admissions.append(d)
-        if d.admit:
+        if not d.admit and d.benefit_s > 0:
+            self._judged.add((s.next_step, r))
+        elif d.admit:
+            self._joining[r] = s.next_step
+            if self._joiners[0] != s.next_step:
+                self._joiners = (s.next_step, set())
+            self._joiners[1].add(r)
             yield Lend(r, Role.AUX_TRAIN)
-        else:
+        else:  # nothing to gain: nor will there be for anyone later in this step
             self._closed = s.next_step
 
-    @staticmethod
-    def judge_join(s: ClusterState) -> admission.AdmissionDecision:
+    def judge_join(self, s: ClusterState) -> admission.AdmissionDecision:
         """Should an idle replica join the step in progress?
 
         The step's remaining primary work is laid out as if each rank had computed its
@@ -115,8 +127,8 @@ class AuxLending:
         c_grad = est.switch.estimate("train_on_roll.c_grad")
         c_out = est.switch.estimate("train_on_roll.c_out")
         # Auxiliaries already joining (or on their way to) take from the same tail.
-        others = [s.t] * sum(1 for u in range(spec.n_replicas) if s.step_chunks.get(u) == 0 or (
-            u not in s.step_chunks and s.units.status[u] is UnitStatus.LENDING))
+        joiners = self._joiners[1] if self._joiners[0] == s.next_step else ()
+        others = [s.t] * sum(1 for u in joiners if s.units.status[u] in AWAY)
         base = steal_schedule(progress, others, aux_micro)
         alone = max(base.primary_end_s, max(base.aux_end_s, default=s.t)) - s.t
         free = steal_schedule(progress, others + [s.t], aux_micro)
