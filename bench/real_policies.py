@@ -60,10 +60,10 @@ WORKLOADS = {
         ("rollout.max_new_tokens=24", "trainer.micro_batch_size=4", "trainer.kl_coef=0.01"),
         long_prompts=True),
     "shifting": Workload(
-        f"~{LONG_PROMPT_TOKENS}-token prompts, the response cap growing 16 -> 256 over the run: "
-        "the bottleneck moves from training to rollout",
-        ("rollout.max_new_tokens=256", "rollout.max_new_tokens_start=16", "rollout.max_num_seqs=16",
-         "trainer.micro_batch_size=8"), long_prompts=True, steps=14),
+        f"~{LONG_PROMPT_TOKENS}-token prompts, the response cap growing 16 -> 192 over the run on a "
+        "replica that runs 4 at a time: the bottleneck moves from training to rollout",
+        ("rollout.max_new_tokens=192", "rollout.max_new_tokens_start=16", "rollout.max_num_seqs=4",
+         "trainer.micro_batch_size=8"), long_prompts=True, steps=12),
     "balanced": Workload(
         "responses <= 128 tokens, all 64 at once: rollout and training take about as long",
         ("rollout.max_new_tokens=128", "trainer.micro_batch_size=16")),
@@ -110,7 +110,7 @@ def run_once(name: str, w: Workload, policy: str, run: Path, data: Path | None, 
     over = [*BASE, *w.overrides, f"run.steps={w.steps}", f"scheduler.policy={policy}", *extra]
     if data is not None:
         over += [f"data.files={data}", f"data.max_prompt_length={LONG_PROMPT_TOKENS + 64}"]
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
     out = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *over],
                          cwd=ROOT, capture_output=True, text=True, env=ENV)
     if out.returncode != 0:
@@ -121,6 +121,9 @@ def run_once(name: str, w: Workload, policy: str, run: Path, data: Path | None, 
         "workload": name, "policy": policy, "tokens_per_s": s["throughput_tokens_per_s"],
         "ideal_tokens_per_s": s["ideal_tokens_per_s"], "efficiency": s["efficiency"],
         "loop_wall_s": s["wall_s"], "process_wall_s": round(time.perf_counter() - t0, 1),
+        # The machine is shared: the 1-minute load average before and after the run says how
+        # much else ran beside it (2 cores: above ~2.5, figures are other people's too).
+        "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "idle_ratio": s["idle_ratio"], "borrows": s["borrows"],
         "admission": {k: v for k, v in s["admission"].items() if k != "latest"},
         "stage_model_median_error": s.get("stage_model_median_error", {}),
@@ -186,6 +189,7 @@ def summarise(name: str, w: Workload, runs: list[dict]) -> dict:
             "reclaim_latency_p50_s": pct(lat, 0.5), "reclaim_latency_p99_s": pct(lat, 0.99),
             "reclaim_bound_p50_s": pct(bound, 0.5), "reclaim_bound_p99_s": pct(bound, 0.99),
             "audit_ok": all(r["audit_ok"] for r in rs),
+            "load_average_max": max((max(r.get("load_average", [0])) for r in rs), default=None),
         }
     a_tps = policies["async"]["tokens_per_s"]
     return {
@@ -205,7 +209,7 @@ def fmt(x, spec: str = ".0f") -> str:
 
 def print_table(results: list[dict]) -> None:
     print(f"{'workload':<14}{'policy':<8}{'tok/s':>8}{'bound':>8}{'eff':>6}{'sim':>8}{'sim/real':>9}"
-          f"{'idle r/t':>11}{'borrows r/t':>12}{'decode err':>11}{'audit':>6}")
+          f"{'idle r/t':>11}{'borrows r/t':>12}{'decode err':>11}{'audit':>6}{'load':>6}")
     for res in results:
         for p in POLICIES:
             q = res["policies"][p]
@@ -218,7 +222,7 @@ def print_table(results: list[dict]) -> None:
                   f"{fmt(statistics.median(so) if so else None, '.2f'):>9}"
                   f"{q['idle_ratio'].get('rollout', 0):>6.2f}/{q['idle_ratio'].get('train', 0):<4.2f}"
                   f"{rt:>12}{fmt(q['stage_model_median_error'].get('decode'), '.2f'):>11}"
-                  f"{str(q['audit_ok']):>6}")
+                  f"{str(q['audit_ok']):>6}{fmt(q['load_average_max'], '.1f'):>6}")
         r = res["ratios"]
         print(f"{'':<14}bidirl/async median {fmt(res['median_ratio'], '.3f')} over {res['pairs']} pairs "
               f"(spread {fmt(min(r) if r else None, '.3f')}..{fmt(max(r) if r else None, '.3f')}); "

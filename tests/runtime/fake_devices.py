@@ -188,7 +188,7 @@ class FakeTrainer:
             cost += took
         return (FakeChunk(grads, list(micro_batches), self.version), timings), cost
 
-    def apply_refs(self, nested: list, n_own: int):
+    def apply_refs(self, nested: list, n_own: int, groups: list[int] | None = None):
         chunks = nested[0]
         total = np.zeros(DIM, np.float32)
         for c in chunks:
@@ -197,7 +197,7 @@ class FakeTrainer:
             for g in c.grads:
                 total += g
         self.applied.append([mb for c in chunks for mb in c.micro_batches])
-        c_grad = [self.costs.c_grad_s] * (len(chunks) - n_own)
+        c_grad = [self.costs.c_grad_s] * (len(groups) if groups is not None else len(chunks) - n_own)
         if self.dp is not None:
             self.dp.reduce(self.rank, total, self.members)
         else:

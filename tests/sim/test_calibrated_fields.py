@@ -93,3 +93,25 @@ def test_reprefill_after_a_weight_update_the_step_overhead_and_the_startup_cost_
     first = min((iv for iv in r.intervals if iv.activity.value != "idle"), key=lambda iv: iv.start_s)
     assert first.start_s >= 0.5
     assert Calibration().decode is None and not Calibration().reprefill_on_sync
+
+
+def test_prefill_per_response_is_one_burst_of_every_responses_prompt(monkeypatch):
+    """bidirl's runtime (vLLM, prefix caching off): a replica given groups prefills every
+    response's prompt, all at once; the measurement is per burst, as the real one is."""
+    from bidirl.sim import runtime as sim_runtime
+
+    seen = []
+    real = sim_runtime._StageSamples.add_prefill
+    monkeypatch.setattr(sim_runtime._StageSamples, "add_prefill",
+                        lambda self, u, groups, tokens, seconds: (seen.append((groups, tokens, seconds)),
+                                                                  real(self, u, groups, tokens, seconds)))
+    data = {**CALIBRATED, "calibration": {**CALIBRATED["calibration"], "prefill_per_response": True}}
+    slow = simulate(from_dict(data), "async")
+    bursts = list(seen)
+    seen.clear()
+    fast = simulate(from_dict(CALIBRATED), "async")
+    assert all(g == 1 and tok % 12 == 0 for g, tok, _ in bursts)  # whole prompts of 12 tokens
+    first = bursts[0]
+    assert first[1] % 48 == 0 and first[2] == pytest.approx(0.01 + 2e-4 * first[1])  # whole groups of 4
+    assert sum(t for _, t, _ in bursts) == 4 * sum(t for _, t, _ in seen)  # group_size x the shared prompts
+    assert slow.wall_s > fast.wall_s

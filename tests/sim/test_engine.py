@@ -68,3 +68,48 @@ def test_interrupt_hands_back_whole_step_prefixes():
     assert other.running == 2
     t = other.next_event_time()
     assert other.advance(t) == [3]
+
+
+def _stepwise_capped(lengths: list[int], prompt: int, cap: int) -> float:
+    """Step by step with at most ``cap`` running; a freed slot starts the next waiting one."""
+    waiting = list(lengths)
+    left, ctx, t = [], [], 0.0
+    while waiting and len(left) < cap:
+        left.append(waiting.pop(0))
+        ctx.append(prompt)
+    while left:
+        t += MODEL.decode_step_s(len(left), sum(ctx))
+        ctx = [c + 1 for c in ctx]
+        keep = [i for i, n in enumerate(left) if n > 1]
+        left, ctx = [left[i] - 1 for i in keep], [ctx[i] for i in keep]
+        while waiting and len(left) < cap:
+            left.append(waiting.pop(0))
+            ctx.append(prompt)
+    return t
+
+
+def test_a_group_larger_than_the_cap_runs_in_waves():
+    """vLLM's max_num_seqs: responses beyond the cap wait for a free slot."""
+    lengths = (5, 17, 9, 40, 12, 3, 30, 8)
+    eng = ReplicaEngine(MODEL.decode.theta, 3, prompt_tokens=100)
+    eng.admit(7, lengths, None)
+    assert eng.running == 3
+    t = eng.next_event_time()
+    assert t == pytest.approx(_stepwise_capped(list(lengths), 100, 3), rel=1e-12)
+    wide = ReplicaEngine(MODEL.decode.theta, 8, prompt_tokens=100)
+    wide.admit(7, lengths, None)
+    assert wide.next_event_time() < t  # the cap costs time
+    assert eng.advance(t * (1 - 1e-6)) == []
+    assert eng.advance(t) == [7] and eng.running == 0
+
+
+def test_waiting_responses_come_back_whole_on_interrupt():
+    eng = ReplicaEngine(MODEL.decode.theta, 2, prompt_tokens=10)
+    eng.admit(1, (50, 60), None)
+    eng.admit(2, (20, 20, 20), {0: 4, 1: 0, 2: 7})  # a resumed group: it waits behind group 1
+    assert eng.running == 2
+    eng.advance(0.5 * eng.next_event_time())
+    parts = {gid: prefixes for gid, _, prefixes in eng.interrupt()}
+    assert parts[2] == {0: 4, 1: 0, 2: 7}  # untouched: nothing of it ran
+    assert set(parts[1]) == {0, 1} and min(parts[1].values()) > 0
+    assert eng.running == 0 and not eng.waiting

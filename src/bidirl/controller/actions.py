@@ -92,4 +92,20 @@ class Reclaim:
     unit: int
 
 
-Action = AssignGroups | StartTrainStep | SyncWeights | Lend | Reclaim
+@dataclass(frozen=True, slots=True)
+class JoinStep:
+    """Auxiliary trainer ``unit`` (up, with the step's weights) joins ``step`` in progress.
+
+    It takes the primary's micro-batches that no rank has started yet, from the tail, one
+    at a time as it becomes free, while the primary ranks keep taking theirs from the
+    head (``policy.split.steal_schedule``): the two meet, and the step ends about when
+    the work of both is done.  Each micro-batch is still merged where the plan put it,
+    so the update is the same bit for bit.  When there is nothing left to take, the
+    runtime answers ``ChunkComputed`` at once.
+    """
+
+    unit: int
+    step: int
+
+
+Action = AssignGroups | StartTrainStep | SyncWeights | Lend | Reclaim | JoinStep

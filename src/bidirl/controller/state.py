@@ -31,6 +31,7 @@ from bidirl.controller.actions import (
     PRIMARY,
     Action,
     AssignGroups,
+    JoinStep,
     Lend,
     Reclaim,
     StartTrainStep,
@@ -80,6 +81,8 @@ class ClusterState:
         self.next_step = 0  # the batch the trainer trains next
         self.pending_sync: int | None = None  # a version trained but not yet pushed
         self.step_chunks: dict[int, int] = {}  # aux unit -> micro-batches, last step started
+        self.step_started = 0.0  # when the last step started, and what it was
+        self.step_action: StartTrainStep | None = None
         self.units = Units(spec)  # status, version, load, groups of every unit
         self.queue = GroupQueue(spec)  # groups waiting to start, progress per batch
         self.lengths: dict[int, tuple[int, ...]] = {}
@@ -305,6 +308,10 @@ class ClusterState:
             if c.executor != PRIMARY:
                 counts[c.executor] = counts.get(c.executor, 0) + len(c.micro_batches)
         self.step_chunks = counts
+        self.step_started, self.step_action = self.t, a
+
+    def _do_join(self, a: JoinStep) -> None:
+        self.step_chunks.setdefault(a.unit, 0)  # stolen micro-batches: the runtime decides how many
 
     def _do_sync(self, a: SyncWeights) -> None:
         self.phase = Phase.SYNCING
@@ -343,4 +350,5 @@ _COMMITTERS = {
     SyncWeights: ClusterState._do_sync,
     Lend: ClusterState._do_lend,
     Reclaim: ClusterState._do_reclaim,
+    JoinStep: ClusterState._do_join,
 }

@@ -171,6 +171,9 @@ class Calibration:
                                      ge=1)
     reprefill_on_sync: bool = option(
         False, "a weight update re-prefills every running response (bidirl's runtime: no KV of old weights)")
+    prefill_per_response: bool = option(
+        False, "each response prefills its own prompt, and the groups assigned together are one prefill burst "
+        "(bidirl's runtime: vLLM prefix caching off); false: one prefill per group, its responses sharing it")
     startup_s: float = option(0.0, "seconds from the run's start to its first engine step (driver and engine "
                               "start-up); every device idles meanwhile", ge=0)
 

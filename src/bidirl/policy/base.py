@@ -125,6 +125,24 @@ def micro_means(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[float, floa
     return p_s, aux.predict(feats)
 
 
+def micro_times(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[list[float], list[float]]:
+    """Predicted time of each micro-batch on a primary rank and on an auxiliary trainer
+    (an auxiliary without its own measurements as in ``micro_means``)."""
+    est = s.est
+    p = [est.micro_s(mb) for mb in mbs]
+    if est.aux.micro.observations < AUX_WARM_MEASUREMENTS <= est.train.micro.observations:
+        scale = s.spec.train_tp / max(s.spec.rollout_tp, 1)
+        return p, [x * scale for x in p]
+    return p, [est.micro_s(mb, aux=True) for mb in mbs]
+
+
+def primary_ranks(step: StartTrainStep, dp: int) -> list[list[int]]:
+    """The micro-batch indices of the primary's chunk, dealt round-robin to its ``dp`` ranks
+    (how both runtimes deal them, and which rank merges each)."""
+    own = [i for c in step.chunks if c.executor == PRIMARY for i in c.micro_batches]
+    return [own[r::dp] for r in range(dp)]
+
+
 def build_step(s: ClusterState, mbs: Sequence[MicroBatch], aux: Sequence[AuxExecutor]) -> StartTrainStep:
     """The training step for batch ``s.next_step``, its micro-batches split by ``plan_chunks``.
 

@@ -18,15 +18,21 @@ Two pure functions:
     finish times (offset = start delay + C_grad), keeping the slowest executor's
     makespan minimal.
 
-Lazy pull (aux trainers fetching chunks while the step runs) is not modelled: chunks are
-fixed when the step starts, which keeps the merge order fixed too.
+A third, ``steal_schedule``, says what happens when an auxiliary trainer *joins a step in
+progress* (``JoinStep``): each primary rank keeps one micro-batch queued behind the one it
+computes and claims its next one when it starts the queued one; the auxiliary takes the
+last micro-batch nobody has claimed each time it is free.  The simulator runs it on true
+times, the admission on predicted ones, the real runtime by pulling work as calls return.
+Chunk plans stay fixed at step start; a join only moves micro-batches, never the merge
+order (each is merged where the plan put it).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -145,3 +151,79 @@ def _within_caps(plan: ChunkPlan, n_micro: int, primary_micro_s: float, dp: int,
     span = max([math.ceil(n_p / dp) * primary_micro_s]
                + [a.delay_s + a.tail_s + n * aux_micro_s for a, n in zip(aux, shares) if n])
     return ChunkPlan(n_p, shares, span)
+
+
+@dataclass(frozen=True, slots=True)
+class RankProgress:
+    """Where a primary rank stands when an auxiliary joins: the micro-batch it computes
+    ends at ``current_end_s`` (absolute), one of ``queued_s`` seconds waits behind it (None:
+    none), and ``todo`` holds the ones it has not claimed, ``(index, seconds)`` in order."""
+
+    current_end_s: float
+    queued_s: float | None
+    todo: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StealPlan:
+    # per auxiliary: the micro-batches it computes, ``(index, claim time)`` in the order taken
+    stolen: tuple[tuple[tuple[int, float], ...], ...]
+    primary_end_s: float  # when the last primary rank is done (absolute)
+    aux_end_s: tuple[float, ...]  # per auxiliary: when it is free for good (absolute)
+
+
+def steal_schedule(ranks: Sequence[RankProgress], aux_free_s: Sequence[float],
+                   aux_micro_s: Mapping[int, float], aux_scale: Sequence[float] | None = None) -> StealPlan:
+    """The two-ended pull of a join (module docstring), event by event: O(n log n).
+
+    A rank claims the head of its ``todo`` when it starts its queued micro-batch; an
+    auxiliary, free from ``aux_free_s[j]``, takes the highest unclaimed index of all ranks
+    each time it is free, and computes it in ``aux_micro_s[index] * aux_scale[j]``.  Ties in
+    time go to the primary (a call that returns first is answered first), then to the
+    auxiliary listed first.
+    """
+    scale = list(aux_scale) if aux_scale is not None else [1.0] * len(aux_free_s)
+    todo = [deque(r.todo) for r in ranks]
+    queued = [r.queued_s for r in ranks]
+    events = [(r.current_end_s, 0, i) for i, r in enumerate(ranks)]
+    events += [(t, 1, j) for j, t in enumerate(aux_free_s)]
+    heapq.heapify(events)
+    primary_end = max((r.current_end_s for r in ranks), default=min(aux_free_s, default=0.0))
+    stolen: list[list[tuple[int, float]]] = [[] for _ in aux_free_s]
+    aux_end = list(aux_free_s)
+    while events:
+        t, kind, i = heapq.heappop(events)
+        if kind == 1:  # auxiliary ``i`` is free: the highest unclaimed index, if any
+            tails = [(q[-1][0], j) for j, q in enumerate(todo) if q]
+            if not tails:
+                aux_end[i] = t
+                continue
+            idx, _ = todo[max(tails)[1]].pop()
+            stolen[i].append((idx, t))
+            heapq.heappush(events, (t + aux_micro_s[idx] * scale[i], 1, i))
+        elif queued[i] is None:  # nothing behind the one that just ended: this rank is done
+            primary_end = max(primary_end, t)
+        else:
+            d = queued[i]
+            queued[i] = todo[i].popleft()[1] if todo[i] else None
+            heapq.heappush(events, (t + d, 0, i))
+    return StealPlan(tuple(tuple(x) for x in stolen), primary_end, tuple(aux_end))
+
+
+def rank_progress(rank_items: Sequence[Sequence[tuple[int, float]]], started_s: float, now_s: float
+                  ) -> list[RankProgress]:
+    """Each rank's ``RankProgress`` at ``now_s`` if it has computed its ``(index, seconds)``
+    items back to back since ``started_s`` (the admission's view of a step in progress)."""
+    out = []
+    for items in rank_items:
+        t, k = started_s, 0
+        while k < len(items) and t + items[k][1] <= now_s:
+            t += items[k][1]
+            k += 1
+        if k >= len(items):  # done: nothing running, nothing queued
+            out.append(RankProgress(t, None, ()))
+            continue
+        current_end = t + items[k][1]
+        queued = items[k + 1][1] if k + 1 < len(items) else None
+        out.append(RankProgress(current_end, queued, tuple(items[k + 2:])))
+    return out

@@ -10,23 +10,34 @@ the auxiliaries go home (C_out) and take rollout work again.
 ``AuxLending`` is the mechanism, shared with ``bidirl`` and ``bidirl-opportunistic``.
 Guided: at step start, try k = 1, 2, 4, ... idle replicas and keep the k with the best
 predicted next-step start (``admission.train_on_roll``), if any beats not borrowing.
-Opportunistic: lend a replica as soon as it runs dry mid-step with nothing admissible to
-do; it joins the next step, or goes home first if no replica is left to roll out
-that step's batch.
+A replica that runs dry *while a step is in progress* (it rolled the next batch and the
+staleness bound stops it) can join that step (``JoinStep``): once up, it takes the
+primary's unclaimed micro-batches from the tail (``split.steal_schedule``).  Guided: only
+if the admission predicts that the step, and so the next one's start, comes earlier by
+more than the switches cost.  Opportunistic: always.  A replica lent mid-step whose step
+ends before it is up joins the next one instead, or goes home first if no replica is
+left to roll out that step's batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from bidirl.controller.actions import Action, Lend, MicroBatch, Reclaim
-from bidirl.controller.events import ChunkComputed, Event, GroupsCompleted, TrainStepFinished
+from bidirl.controller.actions import Action, JoinStep, Lend, MicroBatch, Reclaim
+from bidirl.controller.events import (
+    ChunkComputed,
+    DeviceLent,
+    Event,
+    GroupsCompleted,
+    StageMeasured,
+    TrainStepFinished,
+)
 from bidirl.controller.state import ClusterState, Phase, UnitStatus
 from bidirl.core.ledger import Role
 from bidirl.policy import admission, predict
 from bidirl.policy.asynchronous import AsyncPolicy
-from bidirl.policy.base import AWAY, micro_means, reclaim_away, register
-from bidirl.policy.split import AuxExecutor, plan_chunks
+from bidirl.policy.base import AWAY, micro_means, micro_times, primary_ranks, reclaim_away, register
+from bidirl.policy.split import AuxExecutor, plan_chunks, rank_progress, steal_schedule
 
 
 class AuxLending:
@@ -34,6 +45,17 @@ class AuxLending:
 
     def __init__(self, guided: bool = True) -> None:
         self.guided = guided
+        # Joins of a step close when one is judged to gain nothing: the step's remaining work
+        # only shrinks, so a later replica would gain nothing either (and at scale, hundreds go
+        # idle in a step).  A join rejected for its cost (the next batch still rolling out) is
+        # judged again for another replica, each replica once a step.  The first primary
+        # measurement of a step reopens them once: a judgement on the prior (a first step)
+        # may turn out wrong.
+        self._closed = -1  # the step whose joins are closed
+        self._judged: set[tuple[int, int]] = set()  # (step, replica) rejected for its cost
+        self._measured = -1  # the step whose first primary measurement was seen
+        self._joining: dict[int, int] = {}  # unit lent to join a step -> that step
+        self._joiners: tuple[int, set[int]] = (-1, set())  # a step and the units lent to join it
 
     def actions(self, s: ClusterState, event: Event) -> Iterator[Action]:
         if isinstance(event, ChunkComputed):  # nothing left for it this step: home to roll out
@@ -43,15 +65,84 @@ class AuxLending:
             for u in sorted(s.step_chunks):  # their chunk is merged: send them home
                 if s.units.status[u] is UnitStatus.LENT:
                     yield Reclaim(u)
-        elif not self.guided and isinstance(event, GroupsCompleted):
-            r = event.replica
-            if (s.spec.aux_trainers and r in s.units.idle_replicas and s.phase is Phase.TRAINING
-                    and s.next_group(r, s.spec.steps - 1) is None):
-                s.admissions.append(admission.AdmissionDecision(
-                    "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False))
-                yield Lend(r, Role.AUX_TRAIN)
+        elif isinstance(event, GroupsCompleted) and self._may_join(s, event.replica):
+            yield from self._join(s, event.replica)
+        elif (self.guided and isinstance(event, StageMeasured) and event.stage == "train_micro"
+              and s.phase is Phase.TRAINING and self._measured != s.next_step):
+            self._measured = s.next_step
+            if self._closed == s.next_step:
+                self._closed = -1
+            self._judged = {k for k in self._judged if k[0] > s.next_step}
+            for r in sorted(s.units.idle_replicas):
+                if self._may_join(s, r):
+                    yield from self._join(s, r)
+        elif isinstance(event, DeviceLent) and event.unit in self._joining:
+            u = event.unit  # lent mid-step: join it if it still runs (else it waits for the next)
+            step = self._joining.pop(u)
+            if (s.phase is Phase.TRAINING and s.step_action is not None and s.step_action.step == step
+                    and s.units.status[u] is UnitStatus.LENT):
+                yield JoinStep(u, step)
         if self._stranded(s):
             yield from reclaim_away(s, range(s.spec.n_replicas))
+
+    @staticmethod
+    def _may_join(s: ClusterState, r: int) -> bool:
+        """Replica ``r`` is home and idle during a step, with nothing it may start (it may have
+        computed a chunk of this step already, gone home and rolled the next batch out)."""
+        return (s.spec.aux_trainers and r in s.units.idle_replicas and s.phase is Phase.TRAINING
+                and not s.units.colocated[r] and s.next_group(r, s.spec.steps - 1) is None)
+
+    def _join(self, s: ClusterState, r: int) -> Iterator[Action]:
+        if self.guided and (self._closed == s.next_step or (s.next_step, r) in self._judged):
+            return
+        d = self.judge_join(s) if self.guided else admission.AdmissionDecision(
+            "train_on_roll", s.t, 1, 0.0, 0.0, True, guided=False)
+        s.admissions.append(d)
+        if not d.admit and d.benefit_s > 0:
+            self._judged.add((s.next_step, r))
+        elif d.admit:
+            self._joining[r] = s.next_step
+            if self._joiners[0] != s.next_step:
+                self._joiners = (s.next_step, set())
+            self._joiners[1].add(r)
+            yield Lend(r, Role.AUX_TRAIN)
+        else:  # nothing to gain: nor will there be for anyone later in this step
+            self._closed = s.next_step
+
+    def judge_join(self, s: ClusterState) -> admission.AdmissionDecision:
+        """Should an idle replica join the step in progress?
+
+        The step's remaining primary work is laid out as if each rank had computed its
+        micro-batches back to back since the step started (``split.rank_progress``); the
+        join is then played out on predicted times (``split.steal_schedule``), free (no C_in,
+        no C_grad) and paid, and judged like a lend at step start (``admission.train_on_roll``)
+        with the replica away until its share is in and it is home again.
+        """
+        est, spec, a = s.est, s.spec, s.step_action
+        p_s, a_s = micro_times(s, a.micro_batches)
+        ranks = [[(i, p_s[i]) for i in idx] for idx in primary_ranks(a, spec.train_dp)]
+        progress = rank_progress(ranks, s.step_started, s.t)
+        aux_micro = dict(enumerate(a_s))
+        c_in = est.switch.estimate("train_on_roll.c_in")
+        c_grad = est.switch.estimate("train_on_roll.c_grad")
+        c_out = est.switch.estimate("train_on_roll.c_out")
+        # Auxiliaries already joining (or on their way to) take from the same tail.
+        joiners = self._joiners[1] if self._joiners[0] == s.next_step else ()
+        others = [s.t] * sum(1 for u in joiners if s.units.status[u] in AWAY)
+        base = steal_schedule(progress, others, aux_micro)
+        alone = max(base.primary_end_s, max(base.aux_end_s, default=s.t)) - s.t
+        free = steal_schedule(progress, others + [s.t], aux_micro)
+        paid = steal_schedule(progress, others + [s.t + c_in], aux_micro)
+        if not paid.stolen[-1]:
+            return admission.decide("train_on_roll", s.t, 0, 0.0, 0.0)
+        step_free = max(free.primary_end_s, max(free.aux_end_s)) - s.t
+        step_k = max(paid.primary_end_s, paid.aux_end_s[-1] + c_grad, max(paid.aux_end_s[:-1], default=0.0)) - s.t
+        b1 = s.next_step + 1
+        away = (paid.aux_end_s[-1] - s.t) + c_grad + c_out
+        return admission.train_on_roll(
+            s.t, 1, alone, step_free, step_k, est.merge_s() + est.weight_sync_s(),
+            predict.ready_in(s, b1), predict.ready_in(s, b1, remove=1, remove_s=away),
+            error=est.admission_error("train_on_roll"))
 
     @staticmethod
     def _stranded(s: ClusterState) -> bool:

@@ -24,7 +24,9 @@ What the scenario holds, and where each figure comes from:
   began (driver and engine start-up; the devices idle until then in the simulation too).
   ``train_step_overhead_s`` is the median of a step's
   time beyond its micro-batches (merge, optimizer, driver); ``reprefill_on_sync`` is set
-  because the runtime re-prefills running responses after each weight update;
+  because the runtime re-prefills running responses after each weight update, and
+  ``prefill_per_response`` because it runs vLLM without prefix caching (every response
+  prefills its prompt; a prefill is measured per burst, so it is simulated per burst);
 * ``costs``: the measured switch costs (median; C_in / C_out of real lends, else of the
   start-up prewarm), gradient shipping (``C_grad``) and weight sync; a cost the run
   never measured (``async`` lends nothing) stays ``null``: the profile's prior;
@@ -160,7 +162,7 @@ def response_lengths(records: list[dict], groups: int, group_size: int) -> list[
 def scenario_dict(f: RunFacts) -> dict:
     """The run as a scenario mapping (checked by the schema: ``perf.scenario.from_dict``)."""
     recs = f.profile
-    cal: dict = {"replica_cap": f.replica_cap, "reprefill_on_sync": True}
+    cal: dict = {"replica_cap": f.replica_cap, "reprefill_on_sync": True, "prefill_per_response": True}
     fit_notes = {}
     rollout_measured = 0.0
     for stage in STAGES:

@@ -33,6 +33,9 @@ LOCAL_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DEDUP_LOGS": "0",
+    # Ray starts its workers at nice 15; here they are the run itself (vLLM, torch), so they
+    # run at the driver's priority instead of yielding to every other process on the machine.
+    "RAY_worker_niceness": "0",
 }
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 

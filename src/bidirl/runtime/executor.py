@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bidirl.controller.actions import AssignGroups, Lend, Reclaim, StartTrainStep, SyncWeights
+from bidirl.controller.actions import AssignGroups, JoinStep, Lend, Reclaim, StartTrainStep, SyncWeights
 from bidirl.controller.events import (
     DeviceLent,
     DeviceReclaimed,
@@ -104,6 +104,7 @@ class DeviceExecutor:
         self.profile: list[tuple[float, object]] = []
         self.on_step: Callable | None = None  # the reporter's hook, per finished step
         self.validator = None  # runtime/validation.Validator when the run validates
+        self._weights: tuple[int, object] | None = None  # (version, handle) of primary_weights
         self.sync_seconds: list[float] = []  # every weight sync's duration (timing_s/update_weights)
         self.rollout = RolloutDriver(self)
         self.trainer = TrainDriver(self)
@@ -114,7 +115,7 @@ class DeviceExecutor:
 
     def execute(self, action) -> None:
         {AssignGroups: self.rollout.assign, StartTrainStep: self.trainer.start, SyncWeights: self._sync,
-         Lend: self._lend, Reclaim: self._reclaim}[type(action)](action)
+         Lend: self._lend, Reclaim: self._reclaim, JoinStep: self.trainer.join}[type(action)](action)
 
     @property
     def steps(self) -> dict:
@@ -149,7 +150,12 @@ class DeviceExecutor:
         self.pump.deliver(event)
 
     def primary_weights(self):
-        return self.backend.submit(self.layout.train_devices[0], "call", "train", "weights")
+        """The primary's current weights (a handle): fetched once per version and kept, so
+        that an auxiliary lent while the trainer computes does not queue behind its calls."""
+        if self._weights is None or self._weights[0] != self.version:
+            self._weights = (self.version, self.backend.submit(self.layout.train_devices[0], "call", "train",
+                                                               "weights"))
+        return self._weights[1]
 
     def unit_device(self, u: int) -> int:
         return self.layout.unit_device(u)

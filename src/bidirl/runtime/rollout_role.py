@@ -139,6 +139,7 @@ class RolloutRole:
         self._unprefilled: dict[str, int] = {}  # live requests without a token yet: context tokens
         self._burst = [0, 0.0]  # the prefill burst in progress: tokens prefilled, seconds beyond decode
         self._decode_step_s = 0.0  # the last pure decode step
+        self._max_seqs = max_num_seqs
         # The outbox poll drains, and what guards it and the engine (see the module doc).
         self._finished: list[ResponseResult] = []
         self._measurements: list[tuple[int, int, float]] = []
@@ -372,9 +373,13 @@ class RolloutRole:
                 if self._closed:
                     return
                 self._stepping = True
-                batch, ctx = len(self._live), sum(self._context.values())
-                prefilling = bool(self._unprefilled)
-                decoding = batch - len(self._unprefilled)  # requests past their prefill
+                # vLLM runs at most max_num_seqs requests; the others wait for a slot.  A step
+                # prefills only when a request without its first token has a slot: one that
+                # waits is neither prefilled nor decoded, so it counts in neither model.
+                decoding = len(self._live) - len(self._unprefilled)  # requests past their prefill
+                prefilling = bool(self._unprefilled) and decoding < self._max_seqs
+                batch = decoding
+                ctx = sum(n for rid, n in self._context.items() if rid not in self._unprefilled)
             outputs, took, error = None, 0.0, None
             try:
                 t0 = time.perf_counter()
@@ -395,7 +400,7 @@ class RolloutRole:
                     if prefilling:  # see the module docstring: a burst, not a decode step
                         self._burst[0] += sum(n for rid, n in left.items() if rid not in self._unprefilled)
                         self._burst[1] += max(0.0, took - (self._decode_step_s if decoding else 0.0))
-                        if not self._unprefilled:
+                        if not self._unprefilled or len(self._live) - len(self._unprefilled) >= self._max_seqs:
                             self._prefills.append((self._burst[0], self._burst[1]))
                             self._burst = [0, 0.0]
                     else:

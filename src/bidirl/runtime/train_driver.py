@@ -1,21 +1,38 @@
-"""The executor's training side: one ``StartTrainStep`` -> chunks on executors -> ordered merge.
+"""The executor's training side: one ``StartTrainStep`` -> micro-batch calls -> ordered merge.
 
 The batch's samples are laid out in group-id order and cut into the controller's
-micro-batches; each chunk goes to its executor (the primary's data-parallel ranks, or an
-auxiliary trainer, one micro-batch per call so a reclaim waits for at most one).  An
-auxiliary whose chunk is computed is reported (``ChunkComputed``) so that it can go home
-before the merge: its gradients stay in the object store for the primary.  When
-every chunk is computed, each rank merges its own and rank 0 also the auxiliary chunks,
-in chunk order: the update does not depend on who computed what, or when.
+micro-batches.  Every call computes one micro-batch, so that work can move while the
+step runs:
+
+* each primary data-parallel rank gets its micro-batches (dealt round-robin) one call at
+  a time, keeping ``PRIMARY_DEPTH`` calls on its device (one computing, one queued behind
+  it, so the device never waits for a round trip to the driver);
+* an auxiliary trainer in the plan computes its chunk the same way (``PRIMARY_DEPTH``
+  calls on its device), so a reclaim waits for at most the micro-batch in progress and
+  the one queued; what it had not started goes to the primary (or a joiner);
+* an auxiliary that joins the step in progress (``JoinStep``) takes the highest
+  micro-batch no rank has claimed yet, each time its previous one returns: the primary
+  eats its list from the head, the auxiliary from the tail, and they meet
+  (``policy.split.steal_schedule`` is the same rule on paper).
+
+An auxiliary with nothing left is reported (``ChunkComputed``) so that it can go home
+before the merge: its gradients stay in the object store for the primary.  When every
+micro-batch is computed, each rank merges *its own* micro-batches (whoever computed
+them) in order and rank 0 also the plan's auxiliary chunks: the update does not depend on
+who computed what, or when.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
-from bidirl.controller.actions import PRIMARY, StartTrainStep
+from bidirl.controller.actions import PRIMARY, JoinStep, StartTrainStep
 from bidirl.controller.events import ChunkComputed, StageMeasured, TrainStepFinished
 from bidirl.core.staleness import staleness_at_training
+from bidirl.frame.hosting import LENDING, LENT
+
+PRIMARY_DEPTH = 2  # calls a primary rank keeps on its device: one computing, one queued
 
 
 @dataclass
@@ -36,46 +53,52 @@ class StepRecord:
 
 
 @dataclass
-class _Job:
-    """One chunk's share on one device: ``role`` is train, aux_train or aux_redo."""
+class _Step:
+    """A step in flight: who holds which micro-batch, and what is still to come."""
 
-    device: int
-    role: str
-    micro_batches: list
-    handle: object = None
-    unit: int | None = None  # an auxiliary's unit
+    a: StartTrainStep
+    rec: StepRecord
+    mbs: list[list[dict]]  # samples of each micro-batch
+    rank_items: list[list[int]]  # per primary rank: its micro-batches, in merge order
+    todo: list[deque]  # per primary rank: the ones nobody has claimed yet
+    inflight: list[int]  # per primary rank: its calls on its device
+    static: list[int] = field(default_factory=list)  # the plan's auxiliary micro-batches, merge order
+    static_todo: dict[int, deque] = field(default_factory=dict)  # unit -> its chunk's unissued ones
+    refs: dict[int, object] = field(default_factory=dict)  # micro-batch -> its gradient's handle
+    computed_on: dict[int, int] = field(default_factory=dict)  # micro-batch -> device
+    aux_calls: dict[int, int] = field(default_factory=dict)  # unit -> its calls not returned
+    joined: dict[int, list[int]] = field(default_factory=dict)  # unit -> micro-batches it took
+    calls_left: int = 0
+    merging: bool = False
 
 
 class TrainDriver:
     def __init__(self, ex) -> None:
         self.ex = ex
         self.records: dict[int, StepRecord] = {}
+        self.current: _Step | None = None
 
+    # -- start --------------------------------------------------------------------------
     def start(self, a: StartTrainStep) -> None:
         ex = self.ex
         rec, mbs = self._layout(a)
-        jobs: list[_Job] = []  # in merge order
+        devs = ex.layout.train_devices
+        own = [i for c in a.chunks if c.executor == PRIMARY for i in c.micro_batches]
+        ranks = [own[r::len(devs)] for r in range(len(devs))]
+        st = _Step(a, rec, mbs, ranks, [deque(x) for x in ranks], [0] * len(devs))
+        self.current = st
+        rec.chunks.append((PRIMARY, len(own)))
         for c in a.chunks:
-            chunk_mbs = [mbs[i] for i in c.micro_batches]
-            rec.chunks.append((str(c.executor), len(chunk_mbs)))
             if c.executor == PRIMARY:
-                devs = ex.layout.train_devices
-                jobs += [_Job(d, "train", chunk_mbs[r::len(devs)]) for r, d in enumerate(devs)]
-            else:  # one call per micro-batch, so a reclaim waits for at most one
-                jobs += [_Job(ex.unit_device(c.executor), "aux_train", [mb], unit=c.executor) for mb in chunk_mbs]
-        aux_left: dict[int, int] = {}
-        for job in jobs:
-            if job.unit is not None:
-                aux_left[job.unit] = aux_left.get(job.unit, 0) + 1
-        state = {"left": len(jobs), "jobs": jobs, "total": rec.response_tokens, "aux_left": aux_left}
-        w = None
-        for job in jobs:
-            if job.role == "aux_train" and ex.aux_version.get(job.device) != ex.version:
-                w = w or ex.primary_weights()
-                ex.calls.issue(job.device, lambda _: None, ("aux_train", "load weights"), "call",
-                               "aux_train", "set_weights", w, ex.version)
-                ex.aux_version[job.device] = ex.version
-            self._issue(a, rec, state, job)
+                continue
+            rec.chunks.append((str(c.executor), len(c.micro_batches)))
+            self._weights_for(ex.unit_device(c.executor))
+            st.static += c.micro_batches
+            st.static_todo[c.executor] = deque(c.micro_batches)
+            self._feed_static(st, c.executor)
+        for r in range(len(devs)):
+            self._feed_rank(st, r)
+        self._check_done(st)
 
     def _layout(self, a: StartTrainStep) -> tuple[StepRecord, list[list[dict]]]:
         """Score the batch, compute advantages, cut the samples into the micro-batches."""
@@ -108,43 +131,135 @@ class TrainDriver:
         self.records[rec.step] = rec
         return rec, mbs
 
-    def _issue(self, a, rec: StepRecord, state: dict, job: _Job) -> None:
+    def _weights_for(self, dev: int) -> None:
+        """An auxiliary on ``dev`` computes on the primary's weights of this step."""
         ex = self.ex
+        if ex.aux_version.get(dev) != ex.version:
+            ex.calls.issue(dev, lambda _: None, ("aux_train", "load weights"), "call",
+                           "aux_train", "set_weights", ex.primary_weights(), ex.version)
+            ex.aux_version[dev] = ex.version
 
-        def lost():  # the auxiliary died: the primary recomputes this chunk; merge order is kept
-            job.device, job.role = ex.layout.train_devices[0], "aux_redo"
-            self._issue(a, rec, state, job)
+    # -- calls ---------------------------------------------------------------------------
+    def _compute(self, st: _Step, dev: int, role: str, i: int, on_done, on_lost=None) -> None:
+        """One call: the gradient of micro-batch ``i`` on ``dev``; its handle is kept for the merge."""
+        st.calls_left += 1
+        handles = self.ex.calls.issue(dev, on_done, (role, f"train step {st.rec.step}"), "call", role,
+                                      "compute_chunk_ref", [st.mbs[i]], st.rec.response_tokens,
+                                      returns=2, on_lost=on_lost)
+        st.refs[i], st.computed_on[i] = handles[0], dev
 
-        role = "train" if job.role == "aux_redo" else job.role
-        job.handle = ex.calls.issue(job.device, lambda res: self._computed(a, rec, state, job, res),
-                                    (role, f"train step {rec.step}"), "call", role, "compute_chunk_ref",
-                                    job.micro_batches, state["total"], returns=2,
-                                    on_lost=lost if job.role == "aux_train" else None)[0]
+    def _feed_rank(self, st: _Step, r: int) -> None:
+        """Keep ``PRIMARY_DEPTH`` calls on rank ``r``'s device while it has unclaimed work."""
+        dev = self.ex.layout.train_devices[r]
+        while st.inflight[r] < PRIMARY_DEPTH and st.todo[r]:
+            st.inflight[r] += 1
+            self._compute(st, dev, "train", st.todo[r].popleft(),
+                          lambda res, r=r: self._rank_done(st, r, res))
 
-    def _computed(self, a, rec: StepRecord, state: dict, job: _Job, res) -> None:
+    def _rank_done(self, st: _Step, r: int, res) -> None:
+        st.inflight[r] -= 1
+        st.calls_left -= 1
+        self._measured("train_micro", res)
+        self._feed_rank(st, r)
+        self._check_done(st)
+
+    def _feed_static(self, st: _Step, unit: int) -> None:
+        """Keep ``PRIMARY_DEPTH`` calls of ``unit``'s chunk on its device while it is lent (or
+        being lent); once it is on its way home, the rest goes to rank 0, which merges it."""
+        ex, q = self.ex, st.static_todo[unit]
+        if ex.hosting.status[unit] not in (LENDING, LENT):
+            if q:
+                st.todo[0].extend(q)  # higher indices than rank 0's own: its queue stays in order
+                q.clear()
+                self._feed_rank(st, 0)
+            return
+        dev = ex.unit_device(unit)
+        while st.aux_calls.get(unit, 0) < PRIMARY_DEPTH and q:
+            i = q.popleft()
+            st.aux_calls[unit] = st.aux_calls.get(unit, 0) + 1
+
+            def lost(i=i):  # the auxiliary died: rank 0 computes the rest of its chunk
+                st.calls_left -= 1  # the lost call never returns
+                st.aux_calls[unit] -= 1
+                st.todo[0].extend(sorted([i, *st.static_todo[unit]]))
+                st.static_todo[unit].clear()
+                self._feed_rank(st, 0)
+
+            self._compute(st, dev, "aux_train", i, lambda res: self._aux_done(st, unit, res), on_lost=lost)
+
+    def _aux_done(self, st: _Step, unit: int, res) -> None:
+        self._measured("aux_micro", res)
+        st.aux_calls[unit] -= 1
+        st.calls_left -= 1
+        if unit in st.static_todo:
+            self._feed_static(st, unit)
+        if unit in st.joined:
+            self._steal(st, unit)
+        if not st.aux_calls[unit]:  # its last one: it may go home before the merge
+            self.ex.deliver(ChunkComputed(unit, st.a.step))
+        self._check_done(st)
+
+    # -- joining a step in progress --------------------------------------------------------
+    def join(self, a: JoinStep) -> None:
+        st, ex = self.current, self.ex
+        if st is None or st.a.step != a.step or st.merging:
+            ex.deliver(ChunkComputed(a.unit, a.step))
+            return
+        st.joined.setdefault(a.unit, [])
+        st.aux_calls.setdefault(a.unit, 0)
+        self._weights_for(ex.unit_device(a.unit))
+        self._steal(st, a.unit)
+        if not st.aux_calls[a.unit]:
+            ex.deliver(ChunkComputed(a.unit, a.step))
+
+    def _steal(self, st: _Step, unit: int) -> None:
+        """``unit`` takes the highest micro-batch that no rank has claimed, if it is still lent."""
         ex = self.ex
+        if ex.hosting.status[unit] is not LENT:
+            return
+        tails = [(q[-1], r) for r, q in enumerate(st.todo) if q]
+        if not tails:
+            return
+        r = max(tails)[1]
+        i = st.todo[r].pop()
+        st.joined[unit].append(i)
+        st.aux_calls[unit] += 1
+
+        def lost(r=r, i=i):  # the joiner died: the micro-batch goes back to its rank's tail
+            st.calls_left -= 1
+            st.aux_calls[unit] -= 1
+            st.joined[unit].remove(i)
+            st.todo[r].append(i)
+            self._feed_rank(st, r)
+
+        self._compute(st, ex.unit_device(unit), "aux_train", i, lambda res: self._aux_done(st, unit, res),
+                      on_lost=lost)
+
+    # -- merge -----------------------------------------------------------------------------
+    def _measured(self, stage: str, res) -> None:
         _, timings = res
-        stage = "aux_micro" if job.role == "aux_train" else "train_micro"
         if timings:
-            ex.last_work_s[job.device] = max(x for _, _, x in timings)
-            # One measurement per call, the sum of its micro-batches: what a chunk plan
-            # predicts, and what the simulator reports (the model is linear: sums are exact).
-            ex.deliver(StageMeasured(stage, (float(len(timings)), float(sum(t for t, _, _ in timings)),
-                                             float(sum(t * q for t, q, _ in timings))),
-                                     sum(x for _, _, x in timings)))
-        state["left"] -= 1
-        if job.role == "aux_train":  # its last micro-batch: the unit may go home before the merge
-            state["aux_left"][job.unit] -= 1
-            if not state["aux_left"][job.unit]:
-                ex.deliver(ChunkComputed(job.unit, a.step))
-        if not state["left"]:
-            self._merge(a, rec, state["jobs"])
+            # One measurement per call: what a chunk plan predicts, and what the simulator
+            # reports (the model is linear: sums are exact).
+            self.ex.deliver(StageMeasured(stage, (float(len(timings)), float(sum(t for t, _, _ in timings)),
+                                                  float(sum(t * q for t, q, _ in timings))),
+                                          sum(x for _, _, x in timings)))
 
-    def _merge(self, a, rec: StepRecord, jobs: list[_Job]) -> None:
-        """Every chunk is computed: each DP rank merges, rank 0 also the auxiliary chunks, in order."""
-        ex = self.ex
+    def _check_done(self, st: _Step) -> None:
+        if st.merging or st.calls_left or any(st.todo) or any(st.static_todo.values()):
+            return
+        st.merging = True
+        for unit, items in st.joined.items():
+            if items:
+                st.rec.chunks.append((f"{unit} (joined)", len(items)))
+        self._merge(st)
+
+    def _merge(self, st: _Step) -> None:
+        """Every micro-batch is computed: each rank merges its own, rank 0 also the plan's
+        auxiliary chunks, in order.  Gradients computed elsewhere are fetched in groups (one
+        per run of micro-batches from the same device); each group's fetch is a ``C_grad``."""
+        ex, a, rec = self.ex, st.a, st.rec
         devs = ex.layout.train_devices
-        aux = [j.handle for j in jobs if j.role in ("aux_train", "aux_redo")]
         pending = {"n": len(devs)}
 
         def applied(out, rank: int) -> None:
@@ -157,12 +272,23 @@ class TrainDriver:
             if pending["n"] == 0:
                 rec.finished_s = ex.now()
                 ex.version = a.step + 1 + ex.job.version_offset
+                self.current = None
                 ex.deliver(TrainStepFinished(a.step, a.step + 1, rec.finished_s - rec.started_s))
                 if ex.on_step:
                     ex.on_step(rec)
 
         for rank, dev in enumerate(devs):
-            own = [j.handle for j in jobs if j.role == "train" and j.device == dev]
-            nested = [own + (aux if rank == 0 else [])]
+            items = list(st.rank_items[rank]) + (st.static if rank == 0 else [])
+            where = [st.computed_on[i] for i in items]
+            n_own = 0
+            while n_own < len(where) and where[n_own] == dev:
+                n_own += 1
+            groups: list[int] = []
+            for k in range(n_own, len(where)):
+                if k > n_own and where[k] == where[k - 1]:
+                    groups[-1] += 1
+                else:
+                    groups.append(1)
+            nested = [[st.refs[i] for i in items]]
             ex.calls.issue(dev, lambda out, rank=rank: applied(out, rank), ("train", f"train step {rec.step}"),
-                           "call", "train", "apply_refs", nested, len(own))
+                           "call", "train", "apply_refs", nested, n_own, groups)

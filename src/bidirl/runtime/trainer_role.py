@@ -44,20 +44,24 @@ class TrainerRole:
         n_tok = sum(len(s["response_ids"]) for mb in microbatches for s in mb)
         return GradChunk(grads, n_tok, metrics, self.trainer.version), timings
 
-    def apply_refs(self, nested: list, n_own: int) -> tuple[dict[str, float], list[float]]:
+    def apply_refs(self, nested: list, n_own: int, groups: list[int] | None = None
+                   ) -> tuple[dict[str, float], list[float]]:
         """Fetch chunk gradients (object refs, in merge order) and step.
 
-        The first ``n_own`` refs were computed on this device; the fetch time of each of
-        the others is the measured ``C_grad`` of shipping an auxiliary chunk here.
+        The first ``n_own`` refs were computed on this device; the others follow in
+        ``groups`` (how many refs each executor that computed them holds, in order; None:
+        one ref each), and the fetch time of each group is a measured ``C_grad``.
         """
         import ray
 
-        chunks, c_grad = [], []
-        for i, ref in enumerate(nested[0]):
+        refs = nested[0]
+        chunks = ray.get(refs[:n_own]) if n_own else []
+        c_grad, k = [], n_own
+        for n in (groups if groups is not None else [1] * (len(refs) - n_own)):
             t0 = time.perf_counter()
-            chunks.append(ray.get(ref))
-            if i >= n_own:
-                c_grad.append(time.perf_counter() - t0)
+            chunks += ray.get(refs[k:k + n])
+            c_grad.append(time.perf_counter() - t0)
+            k += n
         return self.trainer.apply_grads(chunks), c_grad
 
     def get_version(self) -> int:

@@ -12,6 +12,11 @@ token by token.  Responses are kept sorted by the step index at which they finis
 sum of contexts is an aggregate (``S = base_sum + b * k`` with ``base = context at
 admission - step at admission``), so advancing costs O(1) per finished response.
 
+Responses beyond ``cap`` wait (in admission order) and start, one per finished response,
+at the step where a slot frees, as vLLM's scheduler does with ``max_num_seqs`` (a group
+larger than the replica's cap runs in waves).  While anything waits, looking ahead merges
+those starts into the sorted finishes (``_lookahead``); otherwise the fast path holds.
+
 The step counter ``k`` is real-valued: an external event (a new group, a weight-sync
 pause, a reclaim) can cut a step, and the closed form is exactly additive across such
 cuts.  A reclaim keeps only whole steps (the step in flight is lost, as with an abort).
@@ -24,6 +29,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import insort
+from collections import deque
 
 _EPS = 1e-9
 
@@ -32,7 +38,7 @@ class ReplicaEngine:
     """Analytic continuous-batching state of one replica (see module docstring)."""
 
     __slots__ = ("theta", "cap", "prompt", "k", "t", "b", "base_sum", "fin", "groups",
-                 "group_heap", "noise", "version", "decode_acc")
+                 "group_heap", "noise", "version", "decode_acc", "waiting")
 
     def __init__(self, theta: tuple[float, float, float], cap: int, prompt_tokens: int,
                  t: float = 0.0, version: int = 0) -> None:
@@ -51,6 +57,7 @@ class ReplicaEngine:
         self.noise = 1.0  # time multiplier for the current plan (set by the runtime)
         self.version = version
         self.decode_acc = [0.0, 0.0, 0.0, 0.0]  # summed features (m, mb, S-term) and seconds
+        self.waiting: deque[tuple[int, int, int, int]] = deque()  # (group, response, length, prefix)
 
     @property
     def running(self) -> int:
@@ -69,17 +76,22 @@ class ReplicaEngine:
         n = 0
         prefill = prompt
         last = k
+        started = 0
         for i in todo:
             p = 0 if prefixes is None else prefixes[i]
+            prefill += p
+            n += 1
+            if self.b + started >= self.cap or self.waiting:  # no free slot: it waits its turn
+                self.waiting.append((gid, i, lengths[i], p))
+                continue
             base = prompt + p - k
             f = k + lengths[i] - p
             insort(self.fin, (f, gid, i, k, base))
             self.base_sum += base
-            prefill += p
-            n += 1
+            started += 1
             if f > last:
                 last = f
-        self.b += n
+        self.b += started
         done_tokens = 0 if prefixes is None else sum(
             lengths[i] for i in range(len(lengths)) if i not in prefixes)
         self.groups[gid] = [n, lengths, done_tokens, last]
@@ -124,6 +136,18 @@ class ReplicaEngine:
             if g[0] == 0:
                 del groups[gid]
                 done.append(gid)
+            if self.waiting:  # the freed slot goes to the next waiting response, at step k
+                wg, wi, wl, wp = self.waiting.popleft()
+                wbase = self.prompt + wp - k
+                wf = k + wl - wp
+                insort(fin, (wf, wg, wi, k, wbase), lo=i)
+                n += 1
+                b += 1
+                bs += wbase
+                gw = groups[wg]
+                if wf > gw[3]:
+                    gw[3] = wf
+                    heapq.heappush(self.group_heap, (wf, wg))
         del fin[:i]  # finished responses leave the front of the sorted list at once
         acc[0] += f0
         acc[1] += f1
@@ -155,6 +179,8 @@ class ReplicaEngine:
         """When the next group completes if nothing else happens (no state change)."""
         if not self.fin:
             return None
+        if self.waiting:
+            return self._lookahead()
         heap, groups = self.group_heap, self.groups
         while heap[0][1] not in groups or groups[heap[0][1]][3] != heap[0][0]:
             heapq.heappop(heap)  # completed or interrupted since it was pushed
@@ -171,6 +197,39 @@ class ReplicaEngine:
                 return t
         return t
 
+    def _lookahead(self) -> float:
+        """``next_event_time`` while responses wait: finishes and the starts they free, merged
+        in step order, until some group has none left."""
+        a, c, kk = self.theta
+        t, k, b, bs, nz = self.t, self.k, self.b, self.base_sum, self.noise
+        fin, groups, waiting = self.fin, self.groups, self.waiting
+        started: list[tuple[float, float, int]] = []  # (finish step, base, group) of waiting ones
+        left: dict[int, int] = {}
+        i = w = 0
+        while i < len(fin) or started:
+            if started and (i >= len(fin) or started[0][0] < fin[i][0]):
+                f, base, gid = heapq.heappop(started)
+            else:
+                f, gid, _idx, _k0, base = fin[i]
+                i += 1
+            m = f - k
+            t += nz * (m * (a + c * b) + kk * (m * (bs + b * k) + b * m * (m - 1) * 0.5))
+            k = f
+            b -= 1
+            bs -= base
+            n = left.get(gid, groups[gid][0]) - 1
+            if n == 0:
+                return t
+            left[gid] = n
+            if w < len(waiting):
+                wg, _wi, wl, wp = waiting[w]
+                w += 1
+                wbase = self.prompt + wp - k
+                heapq.heappush(started, (k + wl - wp, wbase, wg))
+                b += 1
+                bs += wbase
+        return t
+
     def interrupt(self) -> list[tuple[int, int, dict[int, int]]]:
         """Abort everything (call ``advance`` first).  Returns, per group, the response
         tokens generated so far and the prefixes of its unfinished responses."""
@@ -180,6 +239,9 @@ class ReplicaEngine:
             p0 = int(round(base + k_admit - self.prompt))
             steps = int(math.floor(self.k - k_admit + _EPS))
             out.setdefault(gid, {})[i] = min(p0 + steps, length - 1)
+        for gid, i, _length, p in self.waiting:  # never started: their prefix is what they came with
+            out.setdefault(gid, {})[i] = p
+        self.waiting.clear()
         result = []
         for gid in sorted(out):
             tokens = self.groups[gid][2] + sum(out[gid].values())

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from bidirl.controller.actions import AssignGroups, Lend, Reclaim, StartTrainStep, SyncWeights
+from bidirl.controller.actions import AssignGroups, JoinStep, Lend, Reclaim, StartTrainStep, SyncWeights
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.controller.events import (
     ChunkComputed,
@@ -34,8 +34,10 @@ from bidirl.core.ledger import Role
 from bidirl.frame.device_time import BUSY, IDLE, SWITCHING, Recorder
 from bidirl.frame.hosting import HOME, LENT, Hosting
 from bidirl.frame.pump import EventPump
+from bidirl.policy.base import primary_ranks
+from bidirl.policy.split import rank_progress, steal_schedule
 from bidirl.sim.engine import ReplicaEngine
-from bidirl.sim.training import plan_step
+from bidirl.sim.training import micro_times, plan_step
 from bidirl.sim.workload import ResponseLengths
 from bidirl.sim.world import Truth
 
@@ -66,6 +68,7 @@ class SimRuntime:
         self.version = 0
         self.synced = 0
         self.trained = TrainedWork()
+        self.step: _StepInFlight | None = None
         self.wall_s: float | None = None
         self.done = env.event()
 
@@ -163,12 +166,20 @@ class SimRuntime:
         tokens = 0
         stall = 0.0
         prefill_s = self.truth.rollout.prefill_s
-        for gid in a.group_ids:  # one prefill per group, as when groups arrive one by one
-            n = eng.admit(gid, self.lengths.lengths(gid), self.partials.pop(gid, None))
-            tokens += n
-            stall += prefill_s(n) * self.noise()
+        per_response = self.truth.prefill_per_response
+        prompt = self.spec.prompt_tokens
+        for gid in a.group_ids:
+            prefixes = self.partials.pop(gid, None)
+            n = eng.admit(gid, self.lengths.lengths(gid), prefixes)
+            if per_response:  # every response prefills the prompt (no prefix caching), all in one burst
+                tokens += n + prompt * ((len(prefixes) if prefixes is not None else self.spec.group_size) - 1)
+            else:  # one prefill per group, as when groups arrive one by one
+                tokens += n
+                stall += prefill_s(n) * self.noise()
+        if per_response:
+            stall = prefill_s(tokens) * self.noise()
         eng.stall(now, stall)
-        self.samples.add_prefill(u, len(a.group_ids), tokens, stall)
+        self.samples.add_prefill(u, 1 if per_response else len(a.group_ids), tokens, stall)
         self.unplanned.add(u)
         self.dirty.add(u)
 
@@ -209,10 +220,6 @@ class SimRuntime:
         tl = plan_step(a, now, spec, self.truth, self.ready_at, self.hosting.colocated, self.noise)
         devs = spec.train_devices
         self.rec.set(devs, now, BUSY, "train", f"step {a.step}")
-        if tl.merge_start > tl.primary_end:
-            self._at(tl.primary_end, self.rec.set, devs, tl.primary_end, IDLE, "train", WAITING)
-        self._at(tl.merge_start, self.rec.set, devs, tl.merge_start, BUSY, "train",
-                 f"step {a.step} merge")
         for run in tl.aux:
             d = spec.unit_devices(run.unit)
             role = "aux_train"
@@ -226,7 +233,86 @@ class SimRuntime:
             self._deliver(m)
         self.trained.device_s += tl.device_seconds
         self.trained.tokens += sum(mb.tokens for mb in a.micro_batches)
-        self._at(tl.end, self._stepped, a.step, tl.end - now)
+        raw = max((sum(x) for x in self._rank_times(a, 1.0)), default=0.0)
+        self.step = _StepInFlight(a, now, tl, (tl.primary_end - now) / raw if raw > 0 else 1.0,
+                                  max((r.arrive for r in tl.aux), default=now), tl.end - tl.merge_start)
+        self._schedule_end(self.step)
+
+    def _rank_times(self, a: StartTrainStep, factor: float, skip: set[int] = frozenset()
+                    ) -> list[list[float]]:
+        micro = micro_times(self.truth.train.micro.theta, a.micro_batches)
+        return [[micro[i] * factor for i in idx if i not in skip] for idx in primary_ranks(a, self.spec.train_dp)]
+
+    def _schedule_end(self, st: _StepInFlight) -> None:
+        """(Re)schedule the primary's idle time, the merge and the step's end (a join moves them)."""
+        st.token += 1
+        tok, devs, step = st.token, self.spec.train_devices, st.action.step
+        arrivals = [j.arrive for j in st.joiners.values()]
+        merge_start = max([st.tl.primary_end, st.static_arrive] + arrivals)
+        end = merge_start + st.after_s
+
+        def at(t, fn, *args):
+            self._at(t, lambda: tok == st.token and fn(*args))
+
+        if merge_start > st.tl.primary_end:
+            at(st.tl.primary_end, self.rec.set, devs, st.tl.primary_end, IDLE, "train", WAITING)
+        at(merge_start, self.rec.set, devs, merge_start, BUSY, "train", f"step {step} merge")
+        at(end, self._stepped, step, end - st.start)
+
+    def _join(self, a: JoinStep) -> None:
+        """Auxiliary ``a.unit`` takes unclaimed micro-batches from the tail (``steal_schedule``
+        on true times); earlier joiners of the step are re-planned from what they hold."""
+        st, now, u = self.step, self.env.now, a.unit
+        if st is None or st.action.step != a.step or self.version > a.step:
+            self._deliver(ChunkComputed(u, a.step))
+            return
+        fixed = {j: [x for x in run.items if x[1] <= now] for j, run in st.joiners.items()}
+        taken = {i for items in fixed.values() for i, _ in items}
+        aux_micro = dict(enumerate(micro_times(self.truth.aux.micro.theta, st.action.micro_batches)))
+        ranks = [[(i, x) for i, x in zip([i for i in idx if i not in taken], times)]
+                 for idx, times in zip(primary_ranks(st.action, self.spec.train_dp),
+                                       self._rank_times(st.action, st.factor, taken))]
+        progress = rank_progress(ranks, st.start, now)
+        # A joiner that is done (its chunk delivered) keeps what it had; the others go on.
+        runs = [j for j in st.joiners.values() if not (j.token and j.arrive <= now)]
+        runs.append(_Joiner(u, now, self.noise()))
+        free = [max(now, j.start + sum(aux_micro[i] * j.scale for i, _ in fixed.get(j.unit, ()))) for j in runs]
+        plan = steal_schedule(progress, free, aux_micro, [j.scale for j in runs])
+        st.tl.primary_end = plan.primary_end_s
+        if not plan.stolen[-1]:  # nothing left to take: it may go home at once
+            self._deliver(ChunkComputed(u, a.step))
+            return
+        for j, new in zip(runs, plan.stolen):
+            j.items = fixed.get(j.unit, []) + list(new)
+            j.compute_end = j.start + sum(aux_micro[i] * j.scale for i, _ in j.items)
+            if j.ship is None and j.items:
+                j.ship = self.truth.switch["train_on_roll.c_grad"] * self.noise()
+            j.arrive = j.compute_end + (j.ship or 0.0)
+            j.token += 1
+            self._schedule_joiner(st, j, aux_micro)
+        st.joiners[u] = runs[-1]
+        self.rec.set(self.spec.unit_devices(u), now, BUSY, "aux_train", f"aux step {a.step}", True)
+        self._schedule_end(st)
+
+    def _schedule_joiner(self, st: _StepInFlight, j: _Joiner, aux_micro: dict[int, float]) -> None:
+        tok, d, role, step = j.token, self.spec.unit_devices(j.unit), "aux_train", st.action.step
+
+        def at(t, fn, *args):
+            self._at(t, lambda: tok == j.token and fn(*args))
+
+        if j.arrive > j.compute_end:
+            at(j.compute_end, self.rec.set, d, j.compute_end, SWITCHING, role, "C_grad", True)
+        at(j.arrive, self.rec.set, d, j.arrive, IDLE, role, WAITING, True)
+        feats = [0.0, 0.0, 0.0]
+        for i, _ in j.items:
+            mb = st.action.micro_batches[i]
+            feats = [feats[0] + 1, feats[1] + mb.tokens, feats[2] + mb.tokens * mb.seq_len]
+        done = [ChunkComputed(j.unit, step)]
+        if j.items:
+            done = [StageMeasured("aux_micro", tuple(feats), j.compute_end - j.start),
+                    StageMeasured("train_on_roll.c_grad", (), j.ship)] + done
+        for ev in done:
+            at(j.arrive, self._deliver, ev)
 
     def _stepped(self, step: int, seconds: float) -> None:
         self.version = step + 1
@@ -306,6 +392,34 @@ class SimRuntime:
 
 
 @dataclass
+class _Joiner:
+    """An auxiliary that joined a step in progress (``JoinStep``)."""
+
+    unit: int
+    start: float
+    scale: float  # its noise draw: every micro-batch it computes takes the truth's time x scale
+    items: list[tuple[int, float]] = field(default_factory=list)  # (micro-batch, claim time)
+    compute_end: float = 0.0
+    ship: float | None = None
+    arrive: float = 0.0
+    token: int = 0
+
+
+@dataclass
+class _StepInFlight:
+    """The step being trained, for a join to re-plan: what is known when it started."""
+
+    action: StartTrainStep
+    start: float
+    tl: object  # sim.training.StepTimeline
+    factor: float  # the primary's noise: its time over the truth's
+    static_arrive: float  # when the last chunk of the plan's auxiliaries arrives
+    after_s: float  # all-reduce + optimizer + per-step overhead after the merge starts
+    joiners: dict[int, _Joiner] = field(default_factory=dict)
+    token: int = 0
+
+
+@dataclass
 class TrainedWork:
     """What the trainer did: tokens trained, device-seconds of training, step end times."""
 
@@ -365,4 +479,5 @@ _EXECUTORS = {
     SyncWeights: SimRuntime._sync,
     Lend: SimRuntime._lend,
     Reclaim: SimRuntime._reclaim,
+    JoinStep: SimRuntime._join,
 }

@@ -35,6 +35,7 @@ class Truth:
     noise_cv: float
     step_overhead_s: float = 0.0  # a training step's time after its micro-batches and all-reduce
     reprefill_on_sync: bool = False  # a weight update re-prefills the running responses
+    prefill_per_response: bool = False  # no prefix caching: a burst per assignment, a prompt per response
     startup_s: float = 0.0  # nothing happens before (a real run's start-up)
 
 
@@ -99,4 +100,5 @@ def _truth(sc: Scenario, hw, m) -> Truth:
         noise_cv=sc.sim.timing_noise_cv,
         step_overhead_s=train.optimizer_s() if overhead is None else overhead,
         reprefill_on_sync=cal.reprefill_on_sync, startup_s=cal.startup_s,
+        prefill_per_response=cal.prefill_per_response,
     )
