@@ -79,6 +79,10 @@ class NetnsCluster:
         """Node k's address: 10.213.<net>.(k + 1)."""
         return f"10.213.{self.net}.{k + 1}"
 
+    def link(self, k: int) -> str:
+        """Node k's end of the link (its only interface besides loopback)."""
+        return f"{self.prefix}{'ab'[k]}"
+
     @property
     def address(self) -> str:
         return f"{self.ip_of(0)}:{RAY_PORT}"
@@ -117,11 +121,11 @@ class NetnsCluster:
             self.namespaces.append(self.ns(k))
             _ip("-n", self.ns(k), "link", "set", "lo", "up")
         if self.n == 2:  # a veth pair, one end in each namespace, a /24 of their own
-            ends = (f"{self.prefix}a", f"{self.prefix}b")
+            ends = (self.link(0), self.link(1))
             _ip("link", "add", ends[0], "type", "veth", "peer", "name", ends[1])
             self.links += ends
         else:  # one node still gets its address, on a dummy link
-            ends = (f"{self.prefix}a",)
+            ends = (self.link(0),)
             _ip("link", "add", ends[0], "type", "dummy")
             self.links.append(ends[0])
         for k, end in enumerate(ends):
@@ -138,7 +142,10 @@ class NetnsCluster:
         else:
             cmd += ["--address", self.address]
         log = open(self.tmp / f"node{k}.log", "w")
-        self.procs[k] = subprocess.Popen(self.exec_cmd(k, "nice", "-n", "19", *cmd), env=self.env(),
+        # torch.distributed (gloo) finds its interface by the host name, which names no
+        # interface of a namespace: tell it which one (what a real cluster sets too)
+        env = {**self.env(), "GLOO_SOCKET_IFNAME": self.link(k)}
+        self.procs[k] = subprocess.Popen(self.exec_cmd(k, "nice", "-n", "19", *cmd), env=env,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 

@@ -59,6 +59,13 @@ class Placement:
     def node_ip(self, device: int) -> str:
         return self.nodes[self.device_node[device]].ip
 
+    def devices_on(self, node: int) -> list[int]:
+        return [d for d, k in enumerate(self.device_node) if k == node]
+
+
+class NodeLost(RuntimeError):
+    """A node of the run's cluster is gone, with the devices placed on it."""
+
 
 def assign_nodes(offers: list[int], devices: int) -> tuple[list[int], int]:
     """Per device its node (consecutive devices share one) and ``P``, from what each node
@@ -238,6 +245,12 @@ def _worker_factory(cfg: TrainConfig, spec: ClusterSpec, placement: Placement | 
             return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=d)
 
     def new_worker(d: int):
+        if placement is not None and placement.spans_nodes:
+            node = placement.nodes[placement.device_node[d]]
+            if not any(x["NodeID"] == node.node_id and x.get("Alive") for x in ray.nodes()):
+                raise NodeLost(f"node {node.ip} (devices {placement.devices_on(node.index)}) is gone: device {d} "
+                               "cannot be restarted there; resume from the last checkpoint with: bidirl train "
+                               "--resume RUN_DIR (on the nodes left, e.g. cluster.ray_address=null)")
         pool = "rollout" if d < len(spec.replica_devices) else "train"
         return cls.options(scheduling_strategy=strategy(d), **extra).remote(d, pool, cfg.trainer.threads,
                                                                              cfg.run.seed)

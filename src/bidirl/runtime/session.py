@@ -215,7 +215,7 @@ class TrainSession:
         workers, unit_device, train_devices, switch_measurements, new_worker = start_workers(
             cfg, spec, rollout_kwargs, model_dir, trainer_config, ckpt, placement)
         where = "" if not placement.spans_nodes else f" on {len(set(placement.device_node))} nodes " + ", ".join(
-            f"{x.ip}: devices {[d for d, k in enumerate(placement.device_node) if k == x.index]}"
+            f"{x.ip}: devices {placement.devices_on(x.index)}"
             for x in placement.nodes if x.index in placement.device_node)
         print(f"[bidirl] {len(workers)} device workers up in {time.perf_counter() - t_boot:.1f} s{where} "
               f"(policy {cfg.scheduler.policy}, staleness {cfg.scheduler.staleness})", file=sys.stderr)
