@@ -37,8 +37,16 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
+def ray_cli() -> str | None:
+    """The ``ray`` command of this Python's environment (or on PATH)."""
+    own = Path(sys.executable).with_name("ray")
+    return str(own) if own.is_file() else shutil.which("ray")
+
+
 def unavailable() -> str | None:
     """Why a namespace cluster cannot be built here (None: it can)."""
+    if ray_cli() is None:
+        return "no ray command beside this Python or on PATH"
     if not sys.platform.startswith("linux"):
         return "network namespaces are Linux only"
     if os.geteuid() != 0:
@@ -63,7 +71,7 @@ class NetnsCluster:
         self.n, self.devices, self.cpus = nodes, devices, cpus if cpus is not None else devices
         self.prefix = prefix or f"bdr{os.getpid() % 100000}"
         self.net = net if net is not None else 100 + os.getpid() % 150
-        self.ray_bin = ray_bin or str(Path(sys.executable).with_name("ray"))
+        self.ray_bin = ray_bin or ray_cli()
         self.token = secrets.token_hex(32)
         self.tmp = Path(tempfile.mkdtemp(prefix="bidirl-nsray-", dir="/tmp"))  # 0700
         self.extra_env = dict(env or {})

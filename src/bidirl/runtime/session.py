@@ -261,6 +261,9 @@ class TrainSession:
         except Exception as e:
             failed = nonfinite_step_error(e)
             if failed is None:
+                lost = self._node_lost(e)
+                if lost is not None:
+                    raise lost from None
                 raise
         finally:
             wall = rt.now()
@@ -284,6 +287,28 @@ class TrainSession:
                                      f"resume with: bidirl train --resume {self.run_dir} trainer.on_nonfinite=skip "
                                      "(or without the override, to stop at such a step again)")
         return summary
+
+    def _node_lost(self, e: Exception):
+        """A ``NodeLost`` saying which node went, what died with it and where to resume, if
+        ``e`` came from a node of the run's cluster that is gone (None otherwise)."""
+        from bidirl.runtime.placement import NodeLost
+
+        p = self.placement
+        if isinstance(e, NodeLost):
+            return e
+        if p is None or not p.spans_nodes:
+            return None
+        import ray
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        gone = [x for x in p.nodes if x.index in p.device_node and x.node_id not in alive]
+        if not gone:
+            return None
+        done = complete_checkpoints(self.ckpt_root)
+        where = f"checkpoint {done[-1].name}" if done else "step 0 (no checkpoint yet)"
+        nodes = ", ".join(f"{x.ip} (devices {p.devices_on(x.index)})" for x in gone)
+        return NodeLost(f"node {nodes} is gone ({' '.join(str(e).split())}); resume from {where} with: bidirl train "
+                        f"--resume {self.run_dir} (on the nodes left; without --ray-address: this machine)")
 
     def publish_model(self) -> str | None:
         """``RUN_DIR/model/``: the newest checkpoint's Hugging Face model directory."""
