@@ -94,7 +94,7 @@ def measure(address: str, model: str, rounds: int) -> dict:
                 d["train_on_roll_c_in_s"].append(a_in)
                 d["c_grad_s"].extend(c_grad)
             for k in [k for k in d if k.endswith("_s")]:
-                d[k.replace("_s", "_median_s")] = statistics.median(d[k])
+                d[k[:-2] + "_median_s"] = statistics.median(d[k])
             out[name] = d
     return out
 

@@ -101,8 +101,8 @@ class NetnsCluster:
         return {**keep, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "RAY_USAGE_STATS_ENABLED": "0",
                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_DEDUP_LOGS": "0",
                 # a dead node is noticed in seconds, not the default half a minute
-                "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
-                "RAY_health_check_timeout_ms": "1000", **self.extra_env}
+                "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "10",
+                "RAY_health_check_timeout_ms": "3000", **self.extra_env}
 
     def exec_cmd(self, k: int, *cmd: str) -> list[str]:
         """``cmd`` run inside node ``k``'s namespace."""

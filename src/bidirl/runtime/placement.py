@@ -41,6 +41,18 @@ class Node:
     node_id: str
     ip: str
     devices: int
+    port: int = 0  # its raylet's (node manager's) port
+
+    def answers(self, timeout_s: float = 2.0) -> bool:
+        """Its raylet accepts a connection: the node is there (Ray may take seconds more
+        than this to declare a dead one dead)."""
+        if not self.port:
+            return True
+        try:
+            with socket.create_connection((self.ip, self.port), timeout=timeout_s):
+                return True
+        except OSError:
+            return False
 
 
 @dataclass(frozen=True)
@@ -100,8 +112,9 @@ def ray_nodes(ray, cfg: TrainConfig) -> tuple[list[Node], str | None]:
         return int(res.get("CPU", 0))
 
     alive.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"], n["NodeID"]))
-    nodes = [(n["NodeID"], n["NodeManagerAddress"], offer(n["Resources"])) for n in alive]
-    return [Node(i, nid, ip, c) for i, (nid, ip, c) in enumerate(x for x in nodes if x[2] > 0)], resource
+    nodes = [(n["NodeID"], n["NodeManagerAddress"], offer(n["Resources"]), int(n.get("NodeManagerPort") or 0))
+             for n in alive]
+    return [Node(i, nid, ip, c, port) for i, (nid, ip, c, port) in enumerate(x for x in nodes if x[2] > 0)], resource
 
 
 def place(cfg: TrainConfig) -> Placement:
@@ -247,7 +260,7 @@ def _worker_factory(cfg: TrainConfig, spec: ClusterSpec, placement: Placement | 
     def new_worker(d: int):
         if placement is not None and placement.spans_nodes:
             node = placement.nodes[placement.device_node[d]]
-            if not any(x["NodeID"] == node.node_id and x.get("Alive") for x in ray.nodes()):
+            if not node.answers() or not any(x["NodeID"] == node.node_id and x.get("Alive") for x in ray.nodes()):
                 raise NodeLost(f"node {node.ip} (devices {placement.devices_on(node.index)}) is gone: device {d} "
                                "cannot be restarted there; resume from the last checkpoint with: bidirl train "
                                "--resume RUN_DIR (on the nodes left, e.g. cluster.ray_address=null)")

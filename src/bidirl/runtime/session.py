@@ -301,7 +301,7 @@ class TrainSession:
         import ray
 
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-        gone = [x for x in p.nodes if x.index in p.device_node and x.node_id not in alive]
+        gone = [x for x in p.nodes if x.index in p.device_node and (x.node_id not in alive or not x.answers())]
         if not gone:
             return None
         done = complete_checkpoints(self.ckpt_root)
