@@ -78,7 +78,7 @@ def test_a_borrowed_role_goes_to_the_node_holding_the_newest_weights_when_costs_
     est.observe_switch(kind, 2, 0.05)
     est.observe_switch(kind, 0, 0.30)
     assert est.switch_s(kind, 2) == 0.05 and est.switch_s(kind, 0) == 0.30
-    assert est.switch_s(kind, 1) == 0.30, "an unmeasured cross-node pair borrows the cross-node cost"
+    assert est.switch_s(kind, 1) == 0.30, "an unmeasured cross-node pair: the cross-node measurements"
     assert est.nearest_first(kind, [0, 1, 2]) == [2, 0, 1]
     for _ in range(8):  # should the near node become the slow one, the cost decides
         est.observe_switch(kind, 2, 1.0)

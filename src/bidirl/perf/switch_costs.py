@@ -13,10 +13,12 @@ uses the mean of the last three; the median is as cheap and ignores one outlier.
 Across nodes a switch moves the weights (or a gradient) over the network instead of
 within a host, so each measurement may name its node pair ``(source, destination)``: the
 node holding the newest weights and the node of the lent device (a gradient: the other
-way).  ``estimate(kind, pair)`` is that pair's median once it has a measurement; before,
-a cross-node pair borrows the slowest cross-node pair measured, then the kind's median
-over every pair (a same-node measurement says little of the wire, but is better than a
-prior of another machine).  Without a pair everything is as on one node.
+way).  ``estimate(kind, pair)`` is the median of the last ``window`` measurements of its
+class, same node or across nodes (every cross-node pair of one cluster crosses the same
+kind of network, and a class gathers measurements far faster than one pair of many
+nodes would); a class without measurements falls back to the kind's median over every
+pair, then the prior.  Without a pair everything is as on one node.  ``pair_medians``
+reports each pair's own median.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class SwitchCostEstimator:
     window: int = 8
     history: dict[str, deque] = field(default_factory=dict)
     by_pair: dict[tuple[str, Pair], deque] = field(default_factory=dict)
+    by_class: dict[tuple[str, bool], deque] = field(default_factory=dict)  # (kind, crosses nodes)
 
     def __post_init__(self) -> None:
         unknown = set(self.priors) - set(KINDS)
@@ -69,16 +72,13 @@ class SwitchCostEstimator:
         self.history[kind].append(seconds)
         if pair is not None:
             self.by_pair.setdefault((kind, (int(pair[0]), int(pair[1]))), deque(maxlen=self.window)).append(seconds)
+            self.by_class.setdefault((kind, pair[0] != pair[1]), deque(maxlen=self.window)).append(seconds)
 
     def estimate(self, kind: str, pair: Pair | None = None) -> float:
         if pair is not None:
-            h = self.by_pair.get((kind, pair))
+            h = self.by_class.get((kind, pair[0] != pair[1]))
             if h:
                 return median(h)
-            if pair[0] != pair[1]:
-                cross = [median(v) for (k, p), v in self.by_pair.items() if k == kind and p[0] != p[1] and v]
-                if cross:
-                    return max(cross)
         h = self.history[kind]
         return median(h) if h else self.priors.get(kind, 0.0)
 
