@@ -115,8 +115,7 @@ class NetnsCluster:
             self._network()
             for k in range(self.n):
                 self._ray_node(k)
-                if k == 0:
-                    self._wait(lambda: self._nodes_alive() >= 1, timeout_s, "the head node")
+                self._wait(lambda k=k: "Ray runtime started" in self.log(k), timeout_s, f"ray node {k}")
             self._wait(lambda: self._nodes_alive() >= self.n, timeout_s, f"{self.n} nodes")
         except BaseException:
             self.close()
@@ -152,7 +151,7 @@ class NetnsCluster:
         log = open(self.tmp / f"node{k}.log", "w")
         # torch.distributed (gloo) finds its interface by the host name, which names no
         # interface of a namespace: tell it which one (what a real cluster sets too)
-        env = {**self.env(), "GLOO_SOCKET_IFNAME": self.link(k)}
+        env = {**self.env(), "GLOO_SOCKET_IFNAME": self.link(k), "PYTHONUNBUFFERED": "1"}  # the log says when it is up
         self.procs[k] = subprocess.Popen(self.exec_cmd(k, "nice", "-n", "19", *cmd), env=env,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -200,9 +199,9 @@ class NetnsCluster:
                 pass
         return pids
 
-    def close(self, grace_s: float = 10.0) -> None:
-        """Stop every process in the namespaces (SIGTERM, then SIGKILL), delete the
-        namespaces (their veth ends go with them) and the temp dir."""
+    def close(self, grace_s: float = 2.0) -> None:
+        """Stop every process in the namespaces (SIGTERM, then SIGKILL after ``grace_s``),
+        delete the namespaces (their veth ends go with them) and the temp dir."""
         for k in range(self.n):
             self.kill_node(k, signal.SIGTERM)
         deadline = time.time() + grace_s
