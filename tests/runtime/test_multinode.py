@@ -192,7 +192,7 @@ def test_losing_the_trainer_node_stops_and_resume_completes_on_one_node(two_node
     driver stops with one line naming the node, the lost device and ``--resume``; the resume, on one
     node (a private local Ray), finishes the run from the last checkpoint with every group
     trained exactly once.  Run last: the cluster is half dead afterwards."""
-    run, steps = tmp_path / "run", 32
+    run, steps = tmp_path / "run", 20
     proc = _train_on(two_nodes, "--run-dir", str(run), *ARGS, f"run.steps={steps}", "run.checkpoint_every=4")
     killed = []
     try:
