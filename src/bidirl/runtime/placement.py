@@ -177,9 +177,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def rendezvous(placement: Placement | None, device: int) -> tuple[str, int]:
-    """(address, port) of the DP group's rendezvous, on ``device``'s node: loopback on one
-    node; across nodes the node's own address and a port free there (asked on that node)."""
-    if placement is None or not placement.spans_nodes:
+    """(address, port) of the DP group's rendezvous, on ``device``'s node: loopback on a
+    one-node cluster; on a cluster of several nodes (the driver's may not be the ranks')
+    that node's own address and a port free there (asked on that node)."""
+    if placement is None or len(placement.nodes) == 1:
         return "127.0.0.1", free_port()
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
