@@ -286,7 +286,7 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
         raise ConfigError(f"cluster: {n} device workers were not all placed within 300 s (is every node's "
                           f"{DEVICE_RESOURCE} or CPU/GPU free?)") from None
     train_devices = list(spec.train_devices)
-    addr, port = rendezvous(placement, train_devices[0])
+    addr, port = rendezvous(placement, train_devices[0]) if len(train_devices) > 1 else ("127.0.0.1", None)
     calls = []
     for d, w in workers.items():
         if d in train_devices:
