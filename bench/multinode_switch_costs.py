@@ -83,7 +83,7 @@ def measure(address: str, model: str, rounds: int) -> dict:
                                              version=version))
                 own = trainer.call.options(num_returns=2).remote("train", "compute_chunk_ref", mbs[:1], total)[0]
                 aux = w.call.options(num_returns=2).remote("aux_train", "compute_chunk_ref", mbs[1:], total)[0]
-                ray.wait([own, aux], num_returns=2)
+                ray.wait([own, aux], num_returns=2, fetch_local=False)  # the primary pulls the chunk itself
                 _, c_grad = ray.get(trainer.call.remote("train", "apply_refs", [[own, aux]], 1))
                 ray.get(w.release.remote("aux_train", park=True))
                 if r == 0:
