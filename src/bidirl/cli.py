@@ -292,12 +292,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    """Exceptions that mean "your input is wrong": reported in one line, exit status 2."""
+    """Exceptions that mean "your input is wrong" (or, ``NodeLost``, that the run cannot go on
+    where it is): reported in one line, exit status 2."""
     from bidirl.sim.scenario import ScenarioError
 
     errors: list[type[Exception]] = [UserError, ScenarioError, FileNotFoundError]
     for mod, name in (("bidirl.runtime.config", "ConfigError"), ("bidirl.algo.data", "DataError"),
-                      ("bidirl.planner.plan", "PlanError"), ("bidirl.engines.trainer_config", "NonFiniteError")):
+                      ("bidirl.planner.plan", "PlanError"), ("bidirl.engines.trainer_config", "NonFiniteError"),
+                      ("bidirl.runtime.placement", "NodeLost")):
         try:
             errors.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):

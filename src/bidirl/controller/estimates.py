@@ -111,6 +111,35 @@ class Estimates:
     def weight_sync_s(self) -> float:
         return self.weight_sync.predict((1.0,))
 
+    # -- switches across nodes ---------------------------------------------------------
+    def node_of(self, device: int) -> int:
+        """The node of ``device``: consecutive devices share a node (``planner.envelope``)."""
+        return device // max(1, self.spec.devices_per_node)
+
+    def switch_pair(self, kind: str, unit: int) -> tuple[int, int]:
+        """(source, destination) node of what ``kind`` moves when ``unit`` is lent: the
+        newest weights go from the primary trainer's first device to the unit; a gradient
+        the other way."""
+        here = self.node_of(self.spec.unit_devices(unit)[0])
+        weights = self.node_of(self.spec.train_devices[0])
+        return (here, weights) if kind.endswith("c_grad") else (weights, here)
+
+    def switch_s(self, kind: str, unit: int | None = None) -> float:
+        """Estimated seconds of switch ``kind``; with ``unit``, for that unit's node pair."""
+        return self.switch.estimate(kind, None if unit is None else self.switch_pair(kind, unit))
+
+    def observe_switch(self, kind: str, unit: int, seconds: float) -> None:
+        self.switch.observe(kind, seconds, self.switch_pair(kind, unit))
+
+    def nearest_first(self, kind: str, units) -> list[int]:
+        """``units`` cheapest ``kind`` first; on a tie, the ones on the node holding the newest
+        weights first, then by id."""
+        def key(u: int) -> tuple[float, bool, int]:
+            src, dst = self.switch_pair(kind, u)
+            return self.switch_s(kind, u), src != dst, u
+
+        return sorted(units, key=key)
+
     def colocated_switch_s(self) -> float:
         return median(self.colocated) if self.colocated else self._colocated_prior
 

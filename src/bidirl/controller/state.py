@@ -239,7 +239,7 @@ class ClusterState:
         if units.colocated[u]:
             self.est.observe("colocated_switch", (), ev.seconds)
         else:
-            self.est.observe(f"{switch_kind(ev.role)}.c_in", (), ev.seconds)
+            self.est.observe_switch(f"{switch_kind(ev.role)}.c_in", u, ev.seconds)
         if ev.role is Role.ROLLOUT and units.status[u] is UnitStatus.LENT:
             units.version[u] = self.version  # borrowed replicas load the newest weights
             units.set_accepting(u, True)

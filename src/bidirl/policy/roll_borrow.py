@@ -43,7 +43,7 @@ class RollLending:
         decision = self.judge(s)
         s.admissions.append(decision)
         if decision.admit:
-            for u in list(s.spec.train_unit_ids())[:decision.units]:
+            for u in s.est.nearest_first("roll_on_train.c_in", s.spec.train_unit_ids())[:decision.units]:
                 yield Lend(u, Role.ROLLOUT)
 
     def judge(self, s: ClusterState) -> admission.AdmissionDecision:
@@ -56,7 +56,10 @@ class RollLending:
             return admission.AdmissionDecision("roll_on_train", s.t, units, 0.0, 0.0,
                                                units > 0, guided=False)
         b = s.next_step
-        c_in = est.switch.estimate("roll_on_train.c_in")
+        # the slowest C_in of the units it would lend (their node pairs' measurements)
+        c_in = max((est.switch_s("roll_on_train.c_in", u)
+                    for u in est.nearest_first("roll_on_train.c_in", spec.train_unit_ids())[:units]),
+                   default=est.switch.estimate("roll_on_train.c_in"))
         # Borrowed replicas take the queue's head: judge every step up to its batch (the
         # next one at s = 1, up to b + s at larger bounds), not only the next two.
         head = s.queue.head()

@@ -175,7 +175,9 @@ class AuxLending:
             # (``ready_in(remove=k)``).  When training is the bottleneck, the rollout of the
             # next batch fits after the auxiliary's chunk, and that is where the step's
             # bubble on the rollout pool goes.
-            new = self._choose(s, mbs, ready, sorted(s.units.idle_replicas), c_in, c_grad)
+            idle = est.nearest_first("train_on_roll.c_in", s.units.idle_replicas)  # multi-node: near ones first
+            c_idle = max(est.switch_s("train_on_roll.c_in", u) for u in idle)
+            new = self._choose(s, mbs, ready, idle, c_idle, c_grad)
         for a in new:
             yield Lend(a.unit, Role.AUX_TRAIN)
         return ready + new

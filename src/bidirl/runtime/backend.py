@@ -70,10 +70,12 @@ class RayBackend:
         return fn.remote(*args, **kwargs)
 
     def wait(self, handles: list, timeout_s: float) -> set:
-        ready, _ = self.ray.wait(handles, num_returns=1, timeout=timeout_s)
+        # fetch_local=False: done is enough; a result another worker takes (a gradient chunk
+        # for the primary) goes to it from where it was made, not through the driver's node
+        ready, _ = self.ray.wait(handles, num_returns=1, timeout=timeout_s, fetch_local=False)
         if not ready:
             return set()
-        ready, _ = self.ray.wait(handles, num_returns=len(handles), timeout=0)
+        ready, _ = self.ray.wait(handles, num_returns=len(handles), timeout=0, fetch_local=False)
         return set(ready)
 
     def get(self, handle):

@@ -14,7 +14,17 @@ log; ``/proc/PID/environ`` shows it only to the same user (and root), who could 
 the run's processes anyway.  A client without it is refused
 (``tests/runtime/test_cluster.py``).  Whatever ``RAY_AUTH_MODE`` the caller's environment
 holds, a private instance is always authenticated; joining a cluster (``--ray-address``)
-leaves authentication to that cluster's settings in the environment.  Ray's temp dir
+leaves authentication to that cluster's settings in the environment (``RAY_AUTH_MODE``,
+``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``, as its nodes were started with).
+
+Joining a cluster (``cluster.ray_address``): this process is a driver on one of the
+cluster's nodes, reached by the others at the address Ray finds for it towards the head
+(the route to the head's address: the cluster's interface, never a loopback one); Ray's
+multi-node mode is switched on for it whatever the environment said (a loopback-only
+driver cannot be reached by workers on other nodes).  What it listens on itself is Ray's
+driver (the cluster's address) and, on the primary trainer's first node, the
+data-parallel rendezvous on that node's cluster address (``runtime/placement.py``).
+Ray's temp dir
 (sockets, logs, spilled objects; Ray makes it world-writable) lies inside a 0700
 directory of ours, so other users cannot enter it either.
 """
@@ -37,6 +47,7 @@ LOCAL_ENV = {
     # run at the driver's priority instead of yielding to every other process on the machine.
     "RAY_worker_niceness": "0",
 }
+CLUSTER_MODE_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray binds loopback only, one node
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
@@ -79,6 +90,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, log_lev
     traceback is seen); Ray's own logging is at ``log_level`` (``run.worker_log_level``)."""
     for k, v in LOCAL_ENV.items():
         os.environ.setdefault(k, v)
+    if address:  # a driver other nodes must reach: Ray's cluster mode, not loopback-only
+        os.environ[CLUSTER_MODE_VAR] = "1"
     import ray
 
     if ray.is_initialized():

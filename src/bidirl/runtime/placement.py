@@ -1,25 +1,136 @@
-"""Where roles go: device ids, units, the controller's ``ClusterSpec``, and the workers.
+"""Where roles go: device ids, nodes, units, the controller's ``ClusterSpec``, and the workers.
 
 Devices ``0 .. R-1`` form the rollout pool (one replica per device: tensor-parallel vLLM
 across Ray actors is not supported yet), ``R .. R+T-1`` the training pool (one
 data-parallel rank per device, gloo on CPU / NCCL on CUDA).  Every train device is also a
-lendable unit that can host a borrowed rollout replica.  Workers are placed with a
-placement group so each gets its own core (or GPU).
+lendable unit that can host a borrowed rollout replica.
+
+Nodes: as the planner's envelope lays devices out (``planner/envelope.py``), consecutive
+devices share a node: device ``d`` lives on node ``d // P``, ``P`` the devices of one node
+(``ClusterSpec.devices_per_node``, what ``planner/compat.py`` checks node alignment
+against).  The nodes of a Ray cluster are the alive ones offering devices, the head first,
+then by address; what a node offers is its ``bidirl_devices`` resource (``ray start
+--resources '{"bidirl_devices": 8}'``) where any node has one, else its CPUs (``cpu``) or
+its GPUs / ``gpus_per_device`` (``cuda``).  ``P`` is the first node's offer; every node a
+run needs must offer its share.  On one node the workers go in a placement group (each
+its own core or GPU share); across nodes each worker is pinned to its node (hard node
+affinity, so a worker of a lost node is never silently moved).  The primary trainer's
+data-parallel rendezvous listens on its first rank's node address, never on every
+interface.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+from dataclasses import dataclass
 
 from bidirl.controller.cluster import ClusterSpec, device_layout
 from bidirl.core.ledger import Role, switch_kind
 from bidirl.runtime.config import ConfigError, TrainConfig
 
+DEVICE_RESOURCE = "bidirl_devices"  # what a node offers bidirl (a custom Ray resource)
 
-def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float) -> ClusterSpec:
+
+@dataclass(frozen=True)
+class Node:
+    """A Ray node that offers ``devices`` devices; ``index`` is its place in the layout."""
+
+    index: int
+    node_id: str
+    ip: str
+    devices: int
+    port: int = 0  # its raylet's (node manager's) port
+
+    def answers(self, timeout_s: float = 2.0) -> bool:
+        """Its raylet accepts a connection: the node is there (Ray may take seconds more
+        than this to declare a dead one dead)."""
+        if not self.port:
+            return True
+        try:
+            with socket.create_connection((self.ip, self.port), timeout=timeout_s):
+                return True
+        except OSError:
+            return False
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which node each device lives on (``device_node[d]``), and the layout's ``P``."""
+
+    nodes: tuple[Node, ...]
+    device_node: tuple[int, ...]
+    per_node: int
+    resource: str | None  # DEVICE_RESOURCE when the nodes offer it (each worker takes one)
+
+    @property
+    def spans_nodes(self) -> bool:
+        return len(set(self.device_node)) > 1
+
+    def node_ip(self, device: int) -> str:
+        return self.nodes[self.device_node[device]].ip
+
+    def devices_on(self, node: int) -> list[int]:
+        return [d for d, k in enumerate(self.device_node) if k == node]
+
+
+class NodeLost(RuntimeError):
+    """A node of the run's cluster is gone, with the devices placed on it."""
+
+
+def assign_nodes(offers: list[int], devices: int) -> tuple[list[int], int]:
+    """Per device its node (consecutive devices share one) and ``P``, from what each node
+    offers, in layout order; a ``ConfigError`` naming what is missing if they do not fit."""
+    if not offers or offers[0] < 1:
+        raise ConfigError(f"cluster: no node offers a device ({DEVICE_RESOURCE}, CPU or GPU resources); "
+                          f"{devices} are needed")
+    per = min(offers[0], devices)
+    need = math.ceil(devices / per)
+    if len(offers) < need:
+        raise ConfigError(f"cluster: {devices} devices (rollout_devices + train_devices) at {per} a node need "
+                          f"{need} nodes; the cluster has {len(offers)} offering devices ({offers})")
+    for k in range(need):
+        share = min(per, devices - k * per)
+        if offers[k] < share:
+            raise ConfigError(f"cluster: node {k} offers {offers[k]} devices, the layout puts {share} on it "
+                              f"(devices_per_node {per}, the first node's offer); give every node the same "
+                              f"{DEVICE_RESOURCE}")
+    return [d // per for d in range(devices)], per
+
+
+def ray_nodes(ray, cfg: TrainConfig) -> tuple[list[Node], str | None]:
+    """The alive nodes offering devices, in layout order, and the resource they offer by."""
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    resource = DEVICE_RESOURCE if any(n["Resources"].get(DEVICE_RESOURCE) for n in alive) else None
+
+    def offer(res: dict) -> int:
+        if resource:
+            return int(res.get(resource, 0))
+        if cfg.cluster.device == "cuda":
+            return int(res.get("GPU", 0) / cfg.cluster.gpus_per_device + 1e-9)
+        return int(res.get("CPU", 0))
+
+    alive.sort(key=lambda n: ("node:__internal_head__" not in n["Resources"], n["NodeManagerAddress"], n["NodeID"]))
+    nodes = [(n["NodeID"], n["NodeManagerAddress"], offer(n["Resources"]), int(n.get("NodeManagerPort") or 0))
+             for n in alive]
+    return [Node(i, nid, ip, c, port) for i, (nid, ip, c, port) in enumerate(x for x in nodes if x[2] > 0)], resource
+
+
+def place(cfg: TrainConfig) -> Placement:
+    """The run's devices on the nodes of the Ray cluster this process is connected to."""
+    import ray
+
+    nodes, resource = ray_nodes(ray, cfg)
+    n = cfg.cluster.rollout_devices + cfg.cluster.train_devices
+    device_node, per = assign_nodes([x.devices for x in nodes], n)
+    return Placement(tuple(nodes), tuple(device_node), per, resource)
+
+
+def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float, per_node: int | None = None) -> ClusterSpec:
     """The controller's view of the run; ``prompt_tokens`` is the data's measured mean prompt
-    (``train.fit_prompts``), rounded for the stage models."""
+    (``train.fit_prompts``), rounded for the stage models; ``per_node`` the devices of a
+    node (``Placement.per_node``; default: every device on one node)."""
     prompt_tokens = max(1, round(prompt_tokens))
     r, t = cfg.cluster.rollout_devices, cfg.cluster.train_devices
     on_gpu = cfg.cluster.device == "cuda"
@@ -28,7 +139,7 @@ def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float) -> ClusterSpe
         hardware="H100-80GB" if on_gpu else "cpu-core",
         model="tiny-qwen2",
         devices=r + t,
-        **device_layout(r, t, 1, r + t),  # one device a replica, a rank and a unit; one node
+        **device_layout(r, t, 1, per_node or r + t),  # one device a replica, a rank and a unit
         train_dp=t, train_tp=1,
         replica_cap=cfg.rollout.max_num_seqs,
         groups_per_step=cfg.rollout.prompts_per_step,
@@ -57,15 +168,31 @@ def check_machine_fits(cfg: TrainConfig, cores: int | None = None) -> None:
                           f"core. Use at most {cores} devices or set cluster.oversubscribe=true")
 
 
-def free_port() -> int:
-    """A free TCP port on loopback (the DP group's rendezvous; tests use it too)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` (default loopback: the DP group's rendezvous on one node;
+    tests use it too)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def rendezvous(placement: Placement | None, device: int) -> tuple[str, int]:
+    """(address, port) of the DP group's rendezvous, on ``device``'s node: loopback on a
+    one-node cluster; on a cluster of several nodes (the driver's may not be the ranks')
+    that node's own address and a port free there (asked on that node)."""
+    if placement is None or len(placement.nodes) == 1:
+        return "127.0.0.1", free_port()
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = placement.nodes[placement.device_node[device]]
+    probe = ray.remote(num_cpus=0)(free_port).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+    return node.ip, ray.get(probe.remote(node.ip), timeout=120)
 
 
 def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: dict, model_dir: str,
-            trainer_config: dict) -> list[tuple[str, float]]:
+            trainer_config: dict) -> list[tuple[str, float, int]]:
     """Bring every role a device may be lent for up once and park it (the warm start).
 
     Without this the first lend of a device pays a cold engine start (10-20 s for vLLM
@@ -85,24 +212,27 @@ def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: 
     ray.get([c for _, _, c in calls])
     ray.get([w.release.remote(role, park=True) for w, role, _ in calls])
     # One hot round trip per direction: the switch-cost estimator starts from measurements
-    # of this machine instead of priors.
+    # of this machine instead of priors: (kind, seconds, device), the device's node pair.
     measured = []
     primary = workers[spec.train_devices[0]]
+    device_of = {id(w): d for d, w in workers.items()}
     for w, role, _ in calls:
+        d = device_of[id(w)]
         kind = switch_kind(Role.ROLLOUT if role == "rollout" else Role.AUX_TRAIN)
         kw = rollout_kwargs if role == "rollout" else {"model_dir": model_dir, "config": trainer_config}
         weights = primary.call.remote("train", "weights")  # a real lend loads the newest weights
-        measured.append((f"{kind}.c_in", ray.get(w.host.remote(role, **kw, weights=[weights], version=0))))
-        measured.append((f"{kind}.c_out", ray.get(w.release.remote(role, park=True))[0]))
+        measured.append((f"{kind}.c_in", ray.get(w.host.remote(role, **kw, weights=[weights], version=0)), d))
+        measured.append((f"{kind}.c_out", ray.get(w.release.remote(role, park=True))[0], d))
     return measured
 
 
-def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, model_dir: str,
-                  trainer_config: dict, trainer_ckpt=None):
-    """Start one worker per device, host each pool's native role; returns handles."""
+def _worker_factory(cfg: TrainConfig, spec: ClusterSpec, placement: Placement | None):
+    """``new_worker(d)``: a worker for device ``d`` where the layout puts it (also used to
+    restart one): its bundle of a placement group on one node, pinned to its node across
+    several."""
     import ray
     from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
     from bidirl.runtime.worker import worker_class
 
@@ -110,29 +240,61 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
     gpu = cfg.cluster.device == "cuda"
     share = cfg.cluster.gpus_per_device
     bundle = {"CPU": 1, "GPU": share} if gpu else {"CPU": 1}
-    pg = placement_group([bundle] * n, strategy="PACK")
-    try:
-        ray.get(pg.ready(), timeout=120)
-    except Exception as e:
-        raise ConfigError(f"cluster: cannot place {n} device workers ({bundle} each): {e}") from None
+    resource = placement.resource if placement is not None else None
+    if resource:
+        bundle[resource] = 1
     cls = worker_class(num_cpus=1, num_gpus=share if gpu else 0, log_level=cfg.run.worker_log_level)
+    extra = {"resources": {resource: 1}} if resource else {}
+    if placement is not None and placement.spans_nodes:
+        def strategy(d: int):
+            return NodeAffinitySchedulingStrategy(placement.nodes[placement.device_node[d]].node_id, soft=False)
+    else:
+        pg = placement_group([bundle] * n, strategy="PACK")
+        try:
+            ray.get(pg.ready(), timeout=120)
+        except Exception as e:
+            raise ConfigError(f"cluster: cannot place {n} device workers ({bundle} each): {e}") from None
+
+        def strategy(d: int):
+            return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=d)
 
     def new_worker(d: int):
-        """A worker for device ``d`` in its own placement bundle (also used to restart one)."""
+        if placement is not None and placement.spans_nodes:
+            node = placement.nodes[placement.device_node[d]]
+            if not node.answers() or not any(x["NodeID"] == node.node_id and x.get("Alive") for x in ray.nodes()):
+                raise NodeLost(f"node {node.ip} (devices {placement.devices_on(node.index)}) is gone: device {d} "
+                               "cannot be restarted there; resume from the last checkpoint with: bidirl train "
+                               "--resume RUN_DIR (on the nodes left, e.g. cluster.ray_address=null)")
         pool = "rollout" if d < len(spec.replica_devices) else "train"
-        return cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=d)).remote(
-            d, pool, cfg.trainer.threads, cfg.run.seed)
+        return cls.options(scheduling_strategy=strategy(d), **extra).remote(d, pool, cfg.trainer.threads,
+                                                                             cfg.run.seed)
 
+    return new_worker
+
+
+def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, model_dir: str,
+                  trainer_config: dict, trainer_ckpt=None, placement: Placement | None = None):
+    """Start one worker per device, host each pool's native role; returns handles."""
+    import ray
+
+    n = spec.devices
+    new_worker = _worker_factory(cfg, spec, placement)
     workers = {d: new_worker(d) for d in range(n)}
+    try:  # pinned workers wait for their node's resources: say so instead of hanging
+        ray.get([w.__ray_ready__.remote() for w in workers.values()], timeout=300)
+    except ray.exceptions.GetTimeoutError:
+        raise ConfigError(f"cluster: {n} device workers were not all placed within 300 s (is every node's "
+                          f"{DEVICE_RESOURCE} or CPU/GPU free?)") from None
     train_devices = list(spec.train_devices)
-    port = free_port()
+    addr, port = rendezvous(placement, train_devices[0]) if len(train_devices) > 1 else ("127.0.0.1", None)
     calls = []
     for d, w in workers.items():
         if d in train_devices:
             rank = train_devices.index(d)
-            calls.append(w.host.remote("train", model_dir=model_dir, config=trainer_config,
-                                       dp_rank=rank, dp_world=len(train_devices), dp_port=port,
+            dp = dict(dp_rank=rank, dp_world=len(train_devices), dp_port=port)
+            if addr != "127.0.0.1":
+                dp["dp_addr"] = addr
+            calls.append(w.host.remote("train", model_dir=model_dir, config=trainer_config, **dp,
                                        checkpoint=str(trainer_ckpt) if trainer_ckpt else None))
         else:
             calls.append(w.host.remote("rollout", **rollout_kwargs))

@@ -129,6 +129,10 @@ class StepReporter:
                 m[f"switch/{kind}_s"] = statistics.median(vals)
         if rec.c_grad_s:
             m["switch/c_grad_s"] = statistics.median(rec.c_grad_s)
+        for key, v in rt.controller.state.est.switch.pair_medians().items():  # per node pair: weights -> device
+            kind, pair = key.split("/")
+            direction, what = kind.split(".")
+            m[f"switch/{what}_s/{direction}/{pair}"] = v
         decisions = rt.controller.state.admissions[self._seen_admissions:]
         self._seen_admissions += len(decisions)
         for direction in ("roll_on_train", "train_on_roll"):

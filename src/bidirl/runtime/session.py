@@ -85,6 +85,7 @@ class TrainSession:
         self.stopped_at: int | None = None  # a stop's boundary, once its checkpoint is written
         self.checkpointed: int | None = None  # the newest checkpoint this session wrote
         self._chosen: tuple[Path | None, dict | None] | None = None  # prepare_resume's answer
+        self.placement = None  # runtime/placement.Placement: the node of each device, once placed
 
     # -- set-up ---------------------------------------------------------------------------
     def prepare_resume(self) -> tuple[Path | None, dict | None]:
@@ -196,11 +197,12 @@ class TrainSession:
         from bidirl.policy.base import make_policy
         from bidirl.runtime.backend import RayBackend
         from bidirl.runtime.executor import DeviceExecutor, Job, Layout
-        from bidirl.runtime.placement import build_spec, start_workers
+        from bidirl.runtime.placement import build_spec, place, start_workers
 
         cfg = self.cfg
         mean_prompt = self.prompt_lengths.mean  # measured over every row (train.fit_prompts)
-        spec = build_spec(cfg, remaining, mean_prompt)
+        placement = place(cfg)  # which node each device lives on (one node: all of them)
+        spec = build_spec(cfg, remaining, mean_prompt, placement.per_node)
         rollout_kwargs = dict(model_dir=model_dir, max_num_seqs=cfg.rollout.max_num_seqs,
                               max_model_len=self.prompt_lengths.max_model_len,
                               dtype=cfg.model.dtype, kv_cache_bytes=cfg.rollout.kv_cache_mb << 20,
@@ -211,12 +213,20 @@ class TrainSession:
                                       steps=cfg.run.steps)
         t_boot = time.perf_counter()
         workers, unit_device, train_devices, switch_measurements, new_worker = start_workers(
-            cfg, spec, rollout_kwargs, model_dir, trainer_config, ckpt)
-        print(f"[bidirl] {len(workers)} device workers up in {time.perf_counter() - t_boot:.1f} s "
+            cfg, spec, rollout_kwargs, model_dir, trainer_config, ckpt, placement)
+        where = "" if not placement.spans_nodes else f" on {len(set(placement.device_node))} nodes " + ", ".join(
+            f"{x.ip}: devices {placement.devices_on(x.index)}"
+            for x in placement.nodes if x.index in placement.device_node)
+        print(f"[bidirl] {len(workers)} device workers up in {time.perf_counter() - t_boot:.1f} s{where} "
               f"(policy {cfg.scheduler.policy}, staleness {cfg.scheduler.staleness})", file=sys.stderr)
         controller = Controller(spec, make_policy(cfg.scheduler.policy))
-        for kind, seconds in switch_measurements:
-            controller.state.est.observe(kind, (), seconds)
+        self.placement = placement
+        unit_of = {unit_device(u): u for u in range(spec.n_units)}
+        for kind, seconds, device in switch_measurements:  # C_in per node pair (weights -> device)
+            if kind.endswith(".c_in"):
+                controller.state.est.observe_switch(kind, unit_of[device], seconds)
+            else:
+                controller.state.est.observe(kind, (), seconds)
         backend = RayBackend(workers, new_worker)
         if self.wrap_backend is not None:
             backend = self.wrap_backend(backend, spec)
@@ -224,7 +234,7 @@ class TrainSession:
                   trainer_kwargs={"model_dir": model_dir, "config": trainer_config},
                   group_offset=self.start_step * cfg.rollout.prompts_per_step, version_offset=self.start_step)
         rt = DeviceExecutor(controller, backend, job, Layout(unit_device, train_devices))
-        rt.switches.extend((f"prewarm.{k}", v) for k, v in switch_measurements)
+        rt.switches.extend((f"prewarm.{k}", v) for k, v, _ in switch_measurements)
         controller.bind(rt)
         from bidirl.runtime.reporting import StepReporter
 
@@ -251,6 +261,9 @@ class TrainSession:
         except Exception as e:
             failed = nonfinite_step_error(e)
             if failed is None:
+                lost = self._node_lost(e)
+                if lost is not None:
+                    raise lost from None
                 raise
         finally:
             wall = rt.now()
@@ -274,6 +287,28 @@ class TrainSession:
                                      f"resume with: bidirl train --resume {self.run_dir} trainer.on_nonfinite=skip "
                                      "(or without the override, to stop at such a step again)")
         return summary
+
+    def _node_lost(self, e: Exception):
+        """A ``NodeLost`` saying which node went, what died with it and where to resume, if
+        ``e`` came from a node of the run's cluster that is gone (None otherwise)."""
+        from bidirl.runtime.placement import NodeLost
+
+        p = self.placement
+        if isinstance(e, NodeLost):
+            return e
+        if p is None or not p.spans_nodes:
+            return None
+        import ray
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        gone = [x for x in p.nodes if x.index in p.device_node and (x.node_id not in alive or not x.answers())]
+        if not gone:
+            return None
+        done = complete_checkpoints(self.ckpt_root)
+        where = f"checkpoint {done[-1].name}" if done else "step 0 (no checkpoint yet)"
+        nodes = ", ".join(f"{x.ip} (devices {p.devices_on(x.index)})" for x in gone)
+        return NodeLost(f"node {nodes} is gone ({' '.join(str(e).split())}); resume from {where} with: bidirl train "
+                        f"--resume {self.run_dir} (on the nodes left; without --ray-address: this machine)")
 
     def publish_model(self) -> str | None:
         """``RUN_DIR/model/``: the newest checkpoint's Hugging Face model directory."""
@@ -361,7 +396,17 @@ class TrainSession:
             "reclaim_waits": rt.reclaim_waits if rt else [],
             "lost_devices": rt.lost_devices if rt else [],
             "admission": _admission_summary(rt.controller.state.admissions) if rt else {},
+            **(self._nodes_summary(rt) if rt else {}),
         }
+
+    def _nodes_summary(self, rt) -> dict:
+        """Where the devices were (node address per device) and the measured switch costs
+        per node pair (``<kind>/n<src>-n<dst>``: the weights' node to the lent device's)."""
+        p = self.placement
+        nodes = {"devices_per_node": rt.spec.devices_per_node}
+        if p is not None:
+            nodes["device_nodes"] = [p.node_ip(d) for d in range(len(p.device_node))]
+        return {"nodes": nodes, "switch_by_node_pair": rt.controller.state.est.switch.pair_medians()}
 
     # -- checkpoints ----------------------------------------------------------------------
     def checkpoint(self, next_step: int, rt) -> Path:

@@ -66,11 +66,12 @@ class DeviceWorker:
             group = None
             world = kwargs.pop("dp_world", 1)
             rank, port = kwargs.pop("dp_rank", 0), kwargs.pop("dp_port", None)
+            addr = kwargs.pop("dp_addr", "127.0.0.1")  # across nodes: rank 0's node address
             ckpt = kwargs.pop("checkpoint", None)
             if world > 1:  # the primary trainer's data-parallel group (gloo on CPU)
                 from bidirl.engines.trainer_torch import init_process_group
 
-                group = init_process_group(rank, world, master_port=port)
+                group = init_process_group(rank, world, master_addr=addr, master_port=port)
             r = TrainerRole(threads=self.threads, process_group=group, **kwargs)
             if ckpt:
                 r.load(ckpt)
