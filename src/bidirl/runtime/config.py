@@ -1,7 +1,7 @@
 """The configuration of a real training run: typed, validated, documented.
 
 ``bidirl train`` with no arguments uses the defaults below (local CPU, 2 devices, the
-tiny model, the built-in ``add`` task).  ``--config FILE.yaml`` and ``key=value``
+tiny model, the built-in ``reverse`` task).  ``--config FILE.yaml`` and ``key=value``
 overrides (``trainer.lr=3e-4``, ``scheduler.policy=async``) change any field.  A bad
 value fails at load time with a ``ConfigError`` naming the field path and what is
 allowed; the resolved config is written to the run directory.
@@ -39,7 +39,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: str | None = option("add", "a built-in task; ignored when files is set")
+    task: str | None = option("reverse", "a built-in task (reverse, copy, add); ignored when files is set")
     files: list[str] = option(default_factory=list, doc="veRL-style .parquet / .jsonl files (key=a,b)")
     reward_fn: str | None = option(None, "path to a .py file defining compute_score(...)")
     reward_fn_name: str = option("compute_score", "the reward function's name in reward_fn")
