@@ -44,6 +44,9 @@ class ClusterSpec:
     aux_trainers: bool = True  # a rollout unit can hold an auxiliary trainer (memory)
     devices_per_node: int = 8
     prior_scale: float = 1.0  # how far the scheduler's stage-model priors start off
+    # Reproducible mode (policy/reproducible.py): batch b is generated at exactly version
+    # max(0, b - staleness), weights move at batch boundaries only.
+    reproducible: bool = False
 
     @property
     def n_replicas(self) -> int:

@@ -82,6 +82,10 @@ class RolloutConfig:
 class SchedulerConfig:
     policy: str = option("bidirl", "scheduling policy", choices=policy_names)
     staleness: int = option(1, "version gap from the oldest token (docs/algorithm.md)", ge=0, le=16)
+    reproducible: bool = option(
+        False, "batch b is generated at exactly version max(0, b - staleness), weights move at batch "
+        "boundaries, interrupted responses restart from their seed: the final weights are bitwise the "
+        "same whatever the policy borrows, the replica count or the timing (policy/reproducible.py)")
 
 
 @dataclass
@@ -156,6 +160,9 @@ def _check(c: TrainConfig) -> TrainConfig:
             need(Path(f).is_file(), f"data.{key}[{i}]", "an existing .parquet or .jsonl file", f)
             need(f.endswith((".parquet", ".jsonl", ".json")), f"data.{key}[{i}]",
                  "a .parquet or .jsonl file", f)
+    need(not (c.scheduler.reproducible and c.scheduler.policy == "sync" and c.scheduler.staleness),
+         "scheduler.staleness", "0 with scheduler.policy=sync and scheduler.reproducible=true (sync generates "
+         "batch b at version b)", c.scheduler.staleness)
     need(c.data.val_max_samples != 0, "data.val_max_samples", "-1 (all) or at least 1", 0)
     if c.run.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("run.wandb: true needs the wandb package, which is not installed "

@@ -31,6 +31,25 @@ class RolloutDriver:
         self.assigned_at: dict[int, float] = {}  # global id -> first assignment (timing_s/gen)
         self.completed_at: dict[int, float] = {}  # global id -> completion
         self.decode_sum = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]  # steps, batch, context, seconds
+        self.weights_at: dict[int, object] = {}  # reproducible mode: version -> its weights (a handle)
+
+    def remembering(self, on_step):
+        """Reproducible mode: wrap the executor's per-step hook so that each new version's
+        weights are fetched the moment it exists (before the next step can change them) and
+        kept for a replica that comes home having missed a sync (``catch_up``).  A weights
+        call issued later would queue behind the next step's update on the trainer's device
+        and return a newer version under the old one's name."""
+        ex = self.ex
+        keep = ex.spec.staleness + 2
+
+        def hook(rec) -> None:
+            self.weights_at[ex.version] = ex.primary_weights()
+            for v in [v for v in self.weights_at if v < ex.version - keep]:
+                del self.weights_at[v]
+            if on_step is not None:
+                on_step(rec)
+
+        return hook
 
     def assign(self, a: AssignGroups) -> None:
         ex, u = self.ex, a.replica
@@ -105,13 +124,26 @@ class RolloutDriver:
         return max(ends) - min(starts) if starts and ends else None
 
     def catch_up(self, u: int) -> None:
-        """A replica home from lending: load the newest weights if it missed a sync."""
+        """A replica home from lending: load the newest weights if it missed a sync.
+
+        Reproducible mode: the version its peers hold (the controller's ``synced``), which is
+        older than the trainer's while a sync waits for a batch boundary; a replica that
+        missed a sync and whose version the trainer no longer holds cannot be given it, and
+        stops the run rather than generate at another version.
+        """
         ex = self.ex
-        if self.version.get(u, ex.job.version_offset) != ex.version:
+        target, weights = ex.version, None
+        if ex.spec.reproducible:
+            target = ex.controller.state.synced + ex.job.version_offset
+            weights = self.weights_at.get(target)
+            if self.version.get(u, ex.job.version_offset) != target and weights is None:
+                raise RuntimeError(f"reproducible mode: replica {u} came home missing version {target}, "
+                                   "whose weights were not kept")
+        if self.version.get(u, ex.job.version_offset) != target:
             dev = ex.unit_device(u)
             ex.calls.issue(dev, lambda _: None, ("rollout", "weight sync"), "call", "rollout",
-                           "update_weights", ex.primary_weights(), ex.version)
-            self.version[u] = ex.version
+                           "update_weights", weights if weights is not None else ex.primary_weights(), target)
+            self.version[u] = target
             ex.replica_weights_changed()
 
     def reclaimed(self, u: int, partials: list) -> None:
