@@ -52,11 +52,3 @@ def test_async_and_bidirl_end_bitwise_equal(tmp_path):
     assert not differ, f"weights differ: {differ[:5]}"
     assert s_async["rewards"] == s_bidirl["rewards"]  # every step trained the same samples
 
-
-def test_reproducible_sync_policy_needs_staleness_zero():
-    from bidirl.runtime.config import ConfigError, load_config
-
-    with pytest.raises(ConfigError, match="scheduler.staleness"):
-        load_config(overrides=["scheduler.reproducible=true", "scheduler.policy=sync"])
-    assert load_config(overrides=["scheduler.reproducible=true", "scheduler.policy=sync",
-                                  "scheduler.staleness=0"]).scheduler.reproducible

@@ -160,9 +160,11 @@ def _check(c: TrainConfig) -> TrainConfig:
             need(Path(f).is_file(), f"data.{key}[{i}]", "an existing .parquet or .jsonl file", f)
             need(f.endswith((".parquet", ".jsonl", ".json")), f"data.{key}[{i}]",
                  "a .parquet or .jsonl file", f)
-    need(not (c.scheduler.reproducible and c.scheduler.policy == "sync" and c.scheduler.staleness),
-         "scheduler.staleness", "0 with scheduler.policy=sync and scheduler.reproducible=true (sync generates "
-         "batch b at version b)", c.scheduler.staleness)
+    # Reproducible mode generates batch b at max(0, b - staleness): the bound the policy itself keeps.
+    most = {"sync": 0, "one-step-off": 1}.get(c.scheduler.policy)
+    need(not (c.scheduler.reproducible and most is not None and c.scheduler.staleness > most),
+         "scheduler.staleness", f"at most {most} with scheduler.policy={c.scheduler.policy} and "
+         "scheduler.reproducible=true (the version gap that policy keeps)", c.scheduler.staleness)
     need(c.data.val_max_samples != 0, "data.val_max_samples", "-1 (all) or at least 1", 0)
     if c.run.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("run.wandb: true needs the wandb package, which is not installed "
