@@ -2,9 +2,10 @@
 
 ``scheduler.reproducible=true`` generates batch b at exactly version max(0, b - s), moves
 weights only at batch boundaries and restarts an interrupted response from its own seed
-(``policy/reproducible.py``).  ``async`` (no borrowing) and ``bidirl-opportunistic`` (the
-bidirl scheduler lending every idle device, both directions: borrowed replicas reclaimed
-mid-generation, auxiliary trainers computing chunks) must then end with the same weights,
+(``policy/reproducible.py``).  ``async`` on one rollout replica (no borrowing) and
+``bidirl-opportunistic`` on two (the bidirl scheduler lending every idle device, both
+directions: borrowed replicas reclaimed mid-generation, auxiliary trainers computing
+chunks, replicas coming home having missed a sync) must then end with the same weights,
 bit for bit, over 20 steps, with validations interrupting generation on the way.
 """
 
@@ -37,9 +38,10 @@ def test_async_and_bidirl_end_bitwise_equal(tmp_path):
     import numpy as np
 
     runs = {}
-    for policy in ("async", "bidirl-opportunistic"):
+    for policy, replicas in (("async", 1), ("bidirl-opportunistic", 2)):
         run = tmp_path / policy
-        out = run_cli("train", "--run-dir", str(run), *ARGS, f"scheduler.policy={policy}")
+        out = run_cli("train", "--run-dir", str(run), *ARGS, f"scheduler.policy={policy}",
+                      f"cluster.rollout_devices={replicas}", "cluster.oversubscribe=true")
         assert out.returncode == 0, out.stderr[-3000:]
         runs[policy] = (json.loads((run / "summary.json").read_text()), _weights(run))
     (s_async, w_async), (s_bidirl, w_bidirl) = runs["async"], runs["bidirl-opportunistic"]
