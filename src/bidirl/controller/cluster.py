@@ -49,6 +49,9 @@ class ClusterSpec:
     # ``hardware`` / ``model`` names.
     hw_profile: HardwareProfile | None = None
     model_profile: ModelProfile | None = None
+    # Reproducible mode (policy/reproducible.py): batch b is generated at exactly version
+    # max(0, b - staleness), weights move at batch boundaries only.
+    reproducible: bool = False
 
     def profiles(self) -> tuple[HardwareProfile, ModelProfile]:
         """The device and model profiles the priors are built from."""

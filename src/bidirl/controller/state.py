@@ -105,13 +105,13 @@ class ClusterState:
         gid = q.partial_head()
         if gid is not None:
             b = batch_of(gid, s.groups_per_step)
-            if b <= limit_batch and may_start(b, v, s.staleness):
+            if b <= limit_batch and may_start(b, v, s.staleness, s.reproducible):
                 return gid
         gid = q.next_fresh
         if gid >= s.total_groups:
             return None
         b = batch_of(gid, s.groups_per_step)
-        if b <= limit_batch and may_start(b, v, s.staleness):
+        if b <= limit_batch and may_start(b, v, s.staleness, s.reproducible):
             return gid
         return None
 

@@ -25,9 +25,19 @@ def batch_of(group_id: int, groups_per_step: int) -> int:
     return group_id // groups_per_step
 
 
-def may_start(batch: int, rollout_version: int, bound: int) -> bool:
-    """Admission: can a group of ``batch`` start on a replica holding ``rollout_version``?"""
+def may_start(batch: int, rollout_version: int, bound: int, exact: bool = False) -> bool:
+    """Admission: can a group of ``batch`` start on a replica holding ``rollout_version``?
+
+    ``exact`` (reproducible mode): only at version ``generation_version(batch, bound)``.
+    """
+    if exact:
+        return rollout_version == generation_version(batch, bound)
     return batch - rollout_version <= bound
+
+
+def generation_version(batch: int, bound: int) -> int:
+    """Reproducible mode: the one version batch ``batch`` is generated at, ``max(0, b - s)``."""
+    return max(0, batch - bound)
 
 
 def staleness_at_training(batch: int, v_first: int) -> int:

@@ -21,6 +21,11 @@ from bidirl.controller.state import ClusterState
 
 def fill_replicas(s: ClusterState, limit_batch: int) -> Iterator[AssignGroups]:
     """Assign groups of batches <= ``limit_batch`` (and within staleness) to free replicas."""
-    plan = s.plan_fill(limit_batch)
+    if s.spec.reproducible:  # units at different versions: each group to one at its batch's
+        from bidirl.policy import reproducible
+
+        plan = reproducible.plan_fill(s, limit_batch)
+    else:
+        plan = s.plan_fill(limit_batch)
     for unit in sorted(plan):
         yield AssignGroups(unit, tuple(plan[unit]))

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from bidirl.controller.actions import Action, Reclaim, SyncWeights
 from bidirl.controller.events import Event
 from bidirl.controller.state import ClusterState, Phase
+from bidirl.policy import reproducible
 from bidirl.policy.assign import fill_replicas
 from bidirl.policy.base import Policy, batch_micro_batches, build_step, reclaim_away, register
 
@@ -47,7 +48,7 @@ class AsyncPolicy(Policy):
         if s.phase is not Phase.IDLE or s.finished:
             return
         if s.pending_sync is not None:
-            if self.may_sync(s):
+            if self.may_sync(s) and reproducible.sync_allowed(s):  # batch boundaries only, if reproducible
                 yield SyncWeights(s.pending_sync)
             return
         if not s.queue.batch_ready(s.next_step):

@@ -22,7 +22,7 @@ from bidirl.controller.actions import Action, Lend, Reclaim
 from bidirl.controller.events import Event, GroupsCompleted
 from bidirl.controller.state import ClusterState, Phase, UnitStatus
 from bidirl.core.ledger import Role
-from bidirl.policy import admission, predict
+from bidirl.policy import admission, predict, reproducible
 from bidirl.policy.asynchronous import AsyncPolicy
 from bidirl.policy.base import register
 
@@ -74,7 +74,8 @@ class RollLending:
             error=est.admission_error("roll_on_train"))
 
     def _trainer_waits(self, s: ClusterState) -> bool:
-        return (s.phase is Phase.IDLE and s.pending_sync is None and not s.finished
+        return (s.phase is Phase.IDLE and not s.finished
+                and (s.pending_sync is None or reproducible.trainer_waits_for_sync(s))
                 and bool(s.spec.train_units) and not s.queue.batch_ready(s.next_step)
                 and s.units.trainer_home() and s.queue.has_work())
 

@@ -1,7 +1,7 @@
 """The configuration of a real training run: typed, validated, documented.
 
 ``bidirl train`` with no arguments uses the defaults below (local CPU, 2 devices, the
-tiny model, the built-in ``add`` task).  ``--config FILE.yaml`` and ``key=value``
+tiny model, the built-in ``reverse`` task).  ``--config FILE.yaml`` and ``key=value``
 overrides (``trainer.lr=3e-4``, ``scheduler.policy=async``) change any field.  A bad
 value fails at load time with a ``ConfigError`` naming the field path and what is
 allowed; the resolved config is written to the run directory.
@@ -39,7 +39,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: str | None = option("add", "a built-in task; ignored when files is set")
+    task: str | None = option("reverse", "a built-in task (reverse, copy, add); ignored when files is set")
     files: list[str] = option(default_factory=list, doc="veRL-style .parquet / .jsonl files (key=a,b)")
     reward_fn: str | None = option(None, "path to a .py file defining compute_score(...)")
     reward_fn_name: str = option("compute_score", "the reward function's name in reward_fn")
@@ -82,6 +82,10 @@ class RolloutConfig:
 class SchedulerConfig:
     policy: str = option("bidirl", "scheduling policy", choices=policy_names)
     staleness: int = option(1, "version gap from the oldest token (docs/algorithm.md)", ge=0, le=16)
+    reproducible: bool = option(
+        False, "batch b is generated at exactly version max(0, b - staleness), weights move at batch "
+        "boundaries, interrupted responses restart from their seed: the final weights are bitwise the "
+        "same whatever the policy borrows, the replica count or the timing (policy/reproducible.py)")
 
 
 @dataclass
@@ -156,6 +160,11 @@ def _check(c: TrainConfig) -> TrainConfig:
             need(Path(f).is_file(), f"data.{key}[{i}]", "an existing .parquet or .jsonl file", f)
             need(f.endswith((".parquet", ".jsonl", ".json")), f"data.{key}[{i}]",
                  "a .parquet or .jsonl file", f)
+    # Reproducible mode generates batch b at max(0, b - staleness): the bound the policy itself keeps.
+    most = {"sync": 0, "one-step-off": 1}.get(c.scheduler.policy)
+    need(not (c.scheduler.reproducible and most is not None and c.scheduler.staleness > most),
+         "scheduler.staleness", f"at most {most} with scheduler.policy={c.scheduler.policy} and "
+         "scheduler.reproducible=true (the version gap that policy keeps)", c.scheduler.staleness)
     need(c.data.val_max_samples != 0, "data.val_max_samples", "-1 (all) or at least 1", 0)
     if c.run.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("run.wandb: true needs the wandb package, which is not installed "

@@ -145,14 +145,17 @@ class GroupRecord:
 
 class GroupStore:
     def __init__(self, n: int, max_new_tokens: int, temperature: float, seed: int,
-                 on_bad_reward: OnBadReward = "error", cap_for=None) -> None:
+                 on_bad_reward: OnBadReward = "error", cap_for=None, reproducible: bool = False) -> None:
         """``on_bad_reward`` applies to reward functions that carry no choice of their own
         (a :class:`RewardFn` does).  ``cap_for(group_id)``: that group's response cap, when
-        it is not ``max_new_tokens`` for all (a length curriculum)."""
+        it is not ``max_new_tokens`` for all (a length curriculum).  ``reproducible``: an
+        interrupted response restarts from its first token with its own seed instead of
+        resuming its prefix (a resumed request draws from another random stream)."""
         if on_bad_reward not in ("error", "zero"):
             raise ValueError(f"on_bad_reward must be 'error' or 'zero', got {on_bad_reward!r}")
         self.n, self.max_new_tokens, self.temperature, self.seed = n, max_new_tokens, temperature, seed
         self.on_bad_reward = on_bad_reward
+        self.reproducible = reproducible
         self.cap_for = cap_for or (lambda _gid: max_new_tokens)
         self.groups: dict[int, GroupRecord] = {}
         self._warned_bad = False
@@ -173,7 +176,7 @@ class GroupStore:
         for i in range(rec.n):
             if i in rec.done:
                 continue
-            if i in rec.partial and rec.partial[i].token_ids:
+            if i in rec.partial and rec.partial[i].token_ids and not self.reproducible:
                 out.append(rec.partial.pop(i).as_request())
             else:
                 rec.partial.pop(i, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from bidirl.controller.actions import AssignGroups
 from bidirl.controller.events import GroupsCompleted, GroupsInterrupted, StageMeasured
+from bidirl.controller.state import Phase
 from bidirl.core.ledger import Role
 
 POLL_TIMEOUT_S = 2.0  # a poll returns earlier when anything finished; this only bounds a quiet wait
@@ -31,6 +32,26 @@ class RolloutDriver:
         self.assigned_at: dict[int, float] = {}  # global id -> first assignment (timing_s/gen)
         self.completed_at: dict[int, float] = {}  # global id -> completion
         self.decode_sum = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]  # steps, batch, context, seconds
+        self.weights_at: dict[int, object] = {}  # reproducible mode: version -> its weights (a handle)
+        self._next_new: int | None = None  # the next group id to create (``_create_through``)
+
+    def remembering(self, on_step):
+        """Reproducible mode: wrap the executor's per-step hook so that each new version's
+        weights are fetched the moment it exists (before the next step can change them) and
+        kept for a replica that comes home having missed a sync (``catch_up``).  A weights
+        call issued later would queue behind the next step's update on the trainer's device
+        and return a newer version under the old one's name."""
+        ex = self.ex
+        keep = ex.spec.staleness + 2
+
+        def hook(rec) -> None:
+            self.weights_at[ex.version] = ex.primary_weights()
+            for v in [v for v in self.weights_at if v < ex.version - keep]:
+                del self.weights_at[v]
+            if on_step is not None:
+                on_step(rec)
+
+        return hook
 
     def assign(self, a: AssignGroups) -> None:
         ex, u = self.ex, a.replica
@@ -40,8 +61,7 @@ class RolloutDriver:
         for gid in a.group_ids:
             g = gid + goff
             self.assigned_at.setdefault(g, now)
-            if g not in store.groups:
-                ex.job.new_group(g)
+            self._create_through(g)
             self.groups[u].add(g)
             if store.groups[g].complete:  # restored from a checkpoint
                 ex.deliver(self._completed(u, [g]))
@@ -51,6 +71,24 @@ class RolloutDriver:
             ex.calls.issue(ex.unit_device(u), lambda _: None, None, "call", "rollout", "submit", reqs)
             self.running[u] += len(reqs)
             self.ensure_run(u)
+
+    def _create_through(self, g: int) -> None:
+        """Create every group up to ``g`` that does not exist yet, in id order.
+
+        The data cursor hands out prompts in the order groups are created; creating them in id
+        order makes group ``g``'s prompt a function of ``g`` alone, whichever replica asks
+        first (with two replicas, ``[0, 2]`` and ``[1, 3]`` would otherwise give group 2 the
+        second prompt), so every policy and replica count trains the same data order.
+        """
+        store = self.ex.job.store
+        if self._next_new is None:  # fresh: the resume offset; resumed: after what the store holds
+            self._next_new = max([self.ex.job.group_offset] + [k + 1 for k in store.groups])
+        while self._next_new <= g:
+            if self._next_new not in store.groups:
+                self.ex.job.new_group(self._next_new)
+            self._next_new += 1
+        if g not in store.groups:  # below the counter yet missing: cannot happen, but never skip one
+            self.ex.job.new_group(g)
 
     def ensure_run(self, u: int) -> None:
         ex = self.ex
@@ -105,13 +143,28 @@ class RolloutDriver:
         return max(ends) - min(starts) if starts and ends else None
 
     def catch_up(self, u: int) -> None:
-        """A replica home from lending: load the newest weights if it missed a sync."""
+        """A replica home from lending: load the newest weights if it missed a sync.
+
+        Reproducible mode: the version its peers hold (the controller's ``synced``, or the
+        version being pushed while a sync is in flight, which skipped this replica), which is
+        older than the trainer's while a sync waits for a batch boundary; a replica that
+        missed a sync and whose version the trainer no longer holds cannot be given it, and
+        stops the run rather than generate at another version.
+        """
         ex = self.ex
-        if self.version.get(u, ex.job.version_offset) != ex.version:
+        target, weights = ex.version, None
+        if ex.spec.reproducible:
+            st = ex.controller.state  # a sync issued and not yet reported counts: it skipped this replica
+            target = (st.version if st.phase is Phase.SYNCING else st.synced) + ex.job.version_offset
+            weights = self.weights_at.get(target)
+            if self.version.get(u, ex.job.version_offset) != target and weights is None:
+                raise RuntimeError(f"reproducible mode: replica {u} came home missing version {target}, "
+                                   "whose weights were not kept")
+        if self.version.get(u, ex.job.version_offset) != target:
             dev = ex.unit_device(u)
             ex.calls.issue(dev, lambda _: None, ("rollout", "weight sync"), "call", "rollout",
-                           "update_weights", ex.primary_weights(), ex.version)
-            self.version[u] = ex.version
+                           "update_weights", weights if weights is not None else ex.primary_weights(), target)
+            self.version[u] = target
             ex.replica_weights_changed()
 
     def reclaimed(self, u: int, partials: list) -> None:

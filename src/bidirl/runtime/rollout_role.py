@@ -115,13 +115,18 @@ class RolloutRole:
 
     def __init__(self, model_dir: str, *, max_num_seqs: int = 128, max_model_len: int = 512,
                  dtype: str = "float32", seed: int = 0, device: str = "cpu",
-                 kv_cache_bytes: int = 256 << 20, top_p: float = 1.0, top_k: int = -1) -> None:
+                 kv_cache_bytes: int = 256 << 20, top_p: float = 1.0, top_k: int = -1,
+                 reproducible: bool = False) -> None:
+        """``reproducible`` (``scheduler.reproducible``): a response whose engine request is
+        restarted (a weight update, a validation) starts again from its first token with its
+        own seed, instead of continuing from its tokens so far on a new random stream."""
         apply_vllm_env()
         from vllm import LLM
 
         self.version = 0
         self.model_dir = model_dir
         self.top_p, self.top_k = top_p, top_k  # rollout.top_p / top_k, for every training request
+        self.reproducible = reproducible
         self._llm = LLM(model=model_dir, dtype=dtype, distributed_executor_backend="uni",
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         enforce_eager=True, seed=seed, enable_prefix_caching=False,
@@ -293,7 +298,7 @@ class RolloutRole:
                         reasons[o.request_id] = o.outputs[0].finish_reason
             for r, res in aside:
                 self._restarts += 1
-                self._add(f"{r.request_id}.u{self._restarts}", r, res)
+                self._add(f"{r.request_id}.u{self._restarts}", r, self._restarted(r, res))
             return {"version": self.version, "responses": [out[i] for i in ids],
                     "finish_reasons": [reasons[i] for i in ids], "seconds": time.perf_counter() - t0}
 
@@ -440,7 +445,11 @@ class RolloutRole:
         for rid in ids:
             r, res = self._forget(rid)
             self._restarts += 1
-            self._add(f"{r.request_id}.u{self._restarts}", r, res)
+            self._add(f"{r.request_id}.u{self._restarts}", r, self._restarted(r, res))
+
+    def _restarted(self, r: ResponseRequest, res: ResponseResult) -> ResponseResult:
+        """What a restarted request continues: its progress, or nothing (reproducible mode)."""
+        return self._empty_result(r) if self.reproducible else res
 
     def _empty_result(self, r: ResponseRequest) -> ResponseResult:
         return ResponseResult(r.group_id, r.index, r.prompt_ids, list(r.prefix_ids),

@@ -156,7 +156,7 @@ class TrainSession:
                                   cfg.rollout.val_temperature, cfg.run.seed)
         cursor = PromptCursor(rows, seed=cfg.data.seed)
         store = GroupStore(cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
-                           cfg.run.seed, cap_for=response_cap(cfg))
+                           cfg.run.seed, cap_for=response_cap(cfg), reproducible=cfg.scheduler.reproducible)
         if state is not None:
             cursor.load_state_dict(state["cursor"])
             store.load_state_dict(state["store"])
@@ -203,10 +203,15 @@ class TrainSession:
         mean_prompt = self.prompt_lengths.mean  # measured over every row (train.fit_prompts)
         placement = place(cfg)  # which node each device lives on (one node: all of them)
         spec = build_spec(cfg, remaining, mean_prompt, placement.per_node)
+        if cfg.scheduler.reproducible:
+            import dataclasses
+
+            spec = dataclasses.replace(spec, reproducible=True)
         rollout_kwargs = dict(model_dir=model_dir, max_num_seqs=cfg.rollout.max_num_seqs,
                               max_model_len=self.prompt_lengths.max_model_len,
                               dtype=cfg.model.dtype, kv_cache_bytes=cfg.rollout.kv_cache_mb << 20,
-                              top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+                              top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                              reproducible=cfg.scheduler.reproducible)
         from bidirl.engines.trainer_config import NonFiniteStepError, trainer_wire
 
         trainer_config = trainer_wire(cfg.trainer, device=cfg.cluster.device, seed=cfg.run.seed,
@@ -241,6 +246,8 @@ class TrainSession:
         reporter = StepReporter(self, rt, cfg)
         reporter.decode_prompt = self._decode_prompt
         rt.on_step = reporter.on_step
+        if cfg.scheduler.reproducible:  # keep each version's weights for replicas that missed a sync
+            rt.on_step = rt.rollout.remembering(rt.on_step)
         if self.val_set is not None:
             from bidirl.runtime.validation import Validator, score_validation
 

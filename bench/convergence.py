@@ -1,0 +1,194 @@
+"""What each scheduling policy learns: reward and validation curves over >= 300 steps, seeds.
+
+Runs ``bidirl train`` (the default: tiny model, warm start, built-in ``reverse`` task, 2 CPU
+devices) for each policy and seed, the data order the same for all (``data.seed=0``; the
+seed varies the trainer and the sampling), and appends each run's curves to
+``bench/results/convergence.json`` (resumable: a (policy, seed) already there is skipped).
+``--report`` reads the JSON, prints the comparison and writes the plots::
+
+    flock /work/bench.lock nice -n 0 .venv/bin/python bench/convergence.py --policy sync --seeds 0,1,2
+    ...                                                    --policy async-reproducible ...
+    .venv/bin/python bench/convergence.py --report
+
+``async-reproducible`` is ``async`` with ``scheduler.reproducible=true``: its wall-clock
+against free-running ``async`` is what the mode costs.  Figures: last-50-step mean reward
+and final validation score of each policy and their gap to ``sync``; the wall-clock time
+to a target validation score (``--target``, default 0.5) per policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+POLICIES = {"sync": ["scheduler.policy=sync"], "one-step-off": ["scheduler.policy=one-step-off"],
+            "async": ["scheduler.policy=async"], "bidirl": ["scheduler.policy=bidirl"],
+            "async-reproducible": ["scheduler.policy=async", "scheduler.reproducible=true"]}
+
+
+def run_one(policy: str, seed: int, steps: int, val_every: int, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bidirl-conv-") as tmp:
+        run = Path(tmp) / "run"
+        args = [*POLICIES[policy], f"run.seed={seed}", "data.seed=0", f"run.steps={steps}",
+                f"run.val_every={val_every}", "run.val_before_train=true", "run.plot=false",
+                "run.tensorboard=false", "run.checkpoint_every=0", *extra]
+        env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *args],
+                             cwd=ROOT, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - t0
+        if out.returncode != 0:
+            raise RuntimeError(f"{policy} seed {seed} failed:\n{out.stderr[-3000:]}")
+        s = json.loads((run / "summary.json").read_text())
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        val = [(d["step"], d["val/score/mean"]) for d in map(json.loads, lines) if "val/score/mean" in d]
+    ends, t = [], 0.0
+    for dt in s["step_times_s"]:
+        t += dt
+        ends.append(round(t, 3))
+    return {"policy": policy, "seed": seed, "args": args, "date": time.strftime("%Y-%m-%d %H:%M"),
+            "process_wall_s": round(wall, 1), "loop_wall_s": s["wall_s"], "rewards": s["rewards"],
+            "step_end_s": ends, "val": val, "borrows": s["borrows"], "audit_ok": s["audit_ok"],
+            "load_avg": os.getloadavg()[0]}
+
+
+def load(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["runs"] if path.is_file() else []
+
+
+def save(path: Path, runs: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"runs": runs}, indent=1))
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def _time_to(run: dict, target: float) -> float | None:
+    """Training-loop seconds until the first validation at or above ``target``."""
+    for step, score in run["val"]:
+        if score >= target:
+            return 0.0 if step == 0 else run["step_end_s"][step - 1]
+    return None
+
+
+def report(runs: list[dict], target: float) -> dict:
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r["policy"], []).append(r)
+    out: dict[str, dict] = {}
+    for p, rs in by.items():
+        last50 = [statistics.mean(r["rewards"][-50:]) for r in rs]
+        first50 = [statistics.mean(r["rewards"][:50]) for r in rs]
+        val0 = [r["val"][0][1] for r in rs]
+        valn = [r["val"][-1][1] for r in rs]
+        loop = [r["loop_wall_s"] for r in rs]
+        tt = [_time_to(r, target) for r in rs]
+        out[p] = {"seeds": sorted(r["seed"] for r in rs), "steps": len(rs[0]["rewards"]),
+                  "reward_first_50": _mean_sd(first50), "reward_last_50": _mean_sd(last50),
+                  "val_start": _mean_sd(val0), "val_final": _mean_sd(valn), "loop_wall_s": _mean_sd(loop),
+                  "time_to_target_s": [t for t in tt],
+                  "borrows": [r["borrows"] for r in rs]}
+    if "sync" in out:
+        ref = out["sync"]
+        for o in out.values():
+            o["reward_last_50_gap_to_sync"] = o["reward_last_50"][0] - ref["reward_last_50"][0]
+            o["val_final_gap_to_sync"] = o["val_final"][0] - ref["val_final"][0]
+    if "async" in out and "async-reproducible" in out:
+        out["async-reproducible"]["loop_wall_vs_async"] = (out["async-reproducible"]["loop_wall_s"][0]
+                                                           / out["async"]["loop_wall_s"][0])
+    return {"target_val": target, "policies": out}
+
+
+def _band(ax, xs_list, ys_list, label):
+    import numpy as np
+
+    n = min(len(x) for x in xs_list)
+    xs = np.mean([x[:n] for x in xs_list], axis=0)
+    ys = np.array([y[:n] for y in ys_list])
+    m, sd = ys.mean(0), ys.std(0)
+    (line,) = ax.plot(xs, m, label=label, lw=1.6)
+    ax.fill_between(xs, m - sd, m + sd, alpha=0.2, color=line.get_color())
+
+
+def plot(runs: list[dict], out_png: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r["policy"], []).append(r)
+    k = 20
+
+    def smooth(v):
+        return [statistics.mean(v[max(0, i - k + 1):i + 1]) for i in range(len(v))]
+
+    fig = Figure(figsize=(12, 7))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 2)
+    for p, rs in sorted(by.items()):
+        label = f"{p} ({len(rs)} seeds)"
+        steps = [list(range(1, len(r["rewards"]) + 1)) for r in rs]
+        _band(axes[0][0], steps, [smooth(r["rewards"]) for r in rs], label)
+        _band(axes[0][1], [r["step_end_s"] for r in rs], [smooth(r["rewards"]) for r in rs], label)
+        _band(axes[1][0], [[s for s, _ in r["val"]] for r in rs], [[v for _, v in r["val"]] for r in rs], label)
+        _band(axes[1][1], [[0.0 if s == 0 else r["step_end_s"][s - 1] for s, _ in r["val"]] for r in rs],
+              [[v for _, v in r["val"]] for r in rs], label)
+    titles = [[f"reward ({k}-step mean) vs step", "reward vs training-loop seconds"],
+              ["validation score (greedy) vs step", "validation score vs training-loop seconds"]]
+    for i in range(2):
+        for j in range(2):
+            ax = axes[i][j]
+            ax.set_title(titles[i][j], fontsize=10)
+            ax.set_xlabel("step" if j == 0 else "seconds")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("bidirl train (reverse task, 2 CPU devices): mean and ±1 sd over seeds")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policy", choices=sorted(POLICIES))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--val-every", type=int, default=25)
+    ap.add_argument("--json", default=str(RESULTS / "convergence.json"))
+    ap.add_argument("--report", action="store_true", help="print the comparison and write the plots")
+    ap.add_argument("--target", type=float, default=0.5, help="validation score for the time-to-target figure")
+    ap.add_argument("extra", nargs="*", help="more key=value overrides for every run")
+    a = ap.parse_args()
+    path = Path(a.json)
+    if a.policy:
+        for seed in (int(x) for x in a.seeds.split(",")):
+            runs = load(path)
+            if any(r["policy"] == a.policy and r["seed"] == seed and len(r["rewards"]) == a.steps for r in runs):
+                print(f"[convergence] {a.policy} seed {seed}: already in {path}", file=sys.stderr)
+                continue
+            r = run_one(a.policy, seed, a.steps, a.val_every, a.extra)
+            print(f"[convergence] {a.policy} seed {seed}: loop {r['loop_wall_s']:.1f} s, reward last 50 "
+                  f"{statistics.mean(r['rewards'][-50:]):.3f}, val {r['val'][0][1]:.3f} -> {r['val'][-1][1]:.3f}",
+                  file=sys.stderr)
+            save(path, load(path) + [r])
+    if a.report:
+        runs = load(path)
+        rep = report(runs, a.target)
+        print(json.dumps(rep, indent=1))
+        (path.with_name(path.stem + "_report.json")).write_text(json.dumps(rep, indent=1))
+        plot(runs, path.with_name(path.stem + ".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

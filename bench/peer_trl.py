@@ -1,0 +1,230 @@
+"""bidirl against TRL's GRPOTrainer: the same model, prompts, reward and settings, interleaved.
+
+What a user on a CPU picks today is TRL's ``GRPOTrainer`` (HF ``generate`` for rollouts,
+then a training step, on one process).  Both sides here get the same locally built model
+directory (``build_tiny_model`` + the warm start, nothing downloads), the built-in ``reverse``
+task's prompts and reward, group size, prompts per step, max new tokens, learning rate,
+clipping, loss aggregation (token mean over the batch) and the same CPU cores (this
+machine's 2: bidirl as 2 one-core devices, TRL with 2 torch threads).  Completion tokens
+only are counted on both sides; the clock runs over the training loop (TRL: ``train()``;
+bidirl: its summary's ``wall_s``), not start-up.  Pairs run interleaved (TRL, bidirl, TRL,
+...).  ``peers`` is an optional extra (``pip install bidirl[peers]``)::
+
+    flock /work/bench.lock nice -n 0 .venv/bin/python bench/peer_trl.py --model-size small --pairs 3 \\
+        --json bench/results/peer_trl_small.json
+    ... --model-size large --pairs 3 --steps 20 --json bench/results/peer_trl_large.json
+
+``--append`` adds pairs to an existing JSON of the same settings (split a long benchmark
+into several locked runs).  ``small`` = 2 layers / hidden 128, 32 new tokens; ``large`` =
+4 layers / hidden 256, 128 new tokens; 8 prompts x 8 responses per step.
+
+TRL's ``datasets`` dependency imports ``xxhash`` (a C extension) for cache fingerprints
+only; when it is not installed this script registers a stand-in backed by ``hashlib``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {"small": {"layers": 2, "hidden": 128, "max_new_tokens": 32},
+         "large": {"layers": 4, "hidden": 256, "max_new_tokens": 128}}
+PROMPTS, GROUP, LR, CORES = 8, 8, 1e-3, 2
+
+
+def build_model(size: str, out: Path) -> Path:
+    """The tiny model of ``size`` with the 40-step warm start on ``reverse``: both sides' start."""
+    from bidirl.algo.tiny_model import build_tiny_model
+    from bidirl.algo.warm_start import warm_start
+
+    s = SIZES[size]
+    base = build_tiny_model(out / f"tiny-L{s['layers']}-H{s['hidden']}", layers=s["layers"], hidden=s["hidden"])
+    return warm_start(base, out / f"{base.name}-sft-reverse-40", tasks=("reverse",), steps=40, seed=0)
+
+
+# -- TRL ----------------------------------------------------------------------------------
+def _xxhash_standin() -> None:
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:
+        import hashlib
+        import types
+
+        class xxh64:  # noqa: N801 - the name datasets calls
+            def __init__(self, data: bytes = b"") -> None:
+                self._h = hashlib.blake2b(digest_size=8)
+                self._h.update(data)
+
+            def update(self, data: bytes) -> None:
+                self._h.update(data)
+
+            def hexdigest(self) -> str:
+                return self._h.hexdigest()
+
+            def intdigest(self) -> int:
+                return int.from_bytes(self._h.digest(), "big")
+
+        sys.modules["xxhash"] = types.SimpleNamespace(xxh64=xxh64)
+
+
+def trl_child(model_dir: str, size: str, steps: int, out: str) -> None:
+    """One TRL run in this process (called as ``--trl-child``); writes its figures to ``out``."""
+    _xxhash_standin()
+    import torch
+
+    torch.set_num_threads(CORES)
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from bidirl.algo.data import PromptCursor
+    from bidirl.algo.tasks import get_task
+
+    task = get_task("reverse")
+    # bidirl's prompt order (train.prepare_data's 4096 rows, PromptCursor with data.seed=0).
+    cursor = PromptCursor(task.rows(4096, seed=0), seed=0)
+    rows = [cursor.next().row for _ in range(PROMPTS * steps)]
+    data = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]}
+                              for r in rows])
+
+    def reward(prompts, completions, ground_truth, **_):
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [task.score(t, g) for t, g in zip(texts, ground_truth, strict=True)]
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory(prefix="bidirl-trl-") as tmp:
+        cfg = GRPOConfig(output_dir=tmp, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+                         weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
+                         per_device_train_batch_size=PROMPTS * GROUP, gradient_accumulation_steps=1,
+                         num_generations=GROUP, steps_per_generation=1, num_iterations=1,
+                         max_completion_length=SIZES[size]["max_new_tokens"], temperature=1.0, top_p=1.0,
+                         beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
+                         max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                         seed=0, shuffle_dataset=False, disable_tqdm=True, dataloader_num_workers=0,
+                         log_completions=False)
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=data,
+                              processing_class=tok, callbacks=[Clock()])
+        t0 = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - t0
+        logs = [h for h in trainer.state.log_history if "reward" in h]
+    lengths = [h["completions/mean_length"] for h in logs]
+    completion_tokens = sum(n * PROMPTS * GROUP for n in lengths)
+    step_s = [b - a for a, b in zip([t0] + times, times)]
+    Path(out).write_text(json.dumps({
+        "side": "trl", "loop_wall_s": wall, "steps": len(logs), "completion_tokens": completion_tokens,
+        "completion_tokens_per_s": completion_tokens / wall, "seconds_per_step": statistics.mean(step_s),
+        "rewards": [h["reward"] for h in logs], "mean_length": lengths}))
+
+
+def run_trl(model_dir: Path, size: str, steps: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bidirl-trl-out-") as tmp:
+        out = Path(tmp) / "trl.json"
+        env = dict(os.environ, OMP_NUM_THREADS=str(CORES), TOKENIZERS_PARALLELISM="false")
+        p = subprocess.run([sys.executable, __file__, "--trl-child", str(model_dir), size, str(steps), str(out)],
+                           cwd=ROOT, capture_output=True, text=True, env=env)
+        if p.returncode != 0:
+            raise RuntimeError(f"TRL run failed:\n{p.stderr[-4000:]}")
+        return json.loads(out.read_text())
+
+
+# -- bidirl -------------------------------------------------------------------------------
+def run_bidirl(model_dir: Path, size: str, steps: int, policy: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bidirl-peer-") as tmp:
+        run = Path(tmp) / "run"
+        args = [f"model.path={model_dir}", "data.task=reverse", "data.seed=0", f"run.steps={steps}",
+                f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}",
+                f"rollout.max_new_tokens={SIZES[size]['max_new_tokens']}", f"trainer.lr={LR}",
+                f"scheduler.policy={policy}", "cluster.rollout_devices=1", "cluster.train_devices=1",
+                "run.val_every=0", "run.plot=false", "run.tensorboard=false", "run.checkpoint_every=0"]
+        env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+        p = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *args],
+                           cwd=ROOT, capture_output=True, text=True, env=env)
+        if p.returncode != 0:
+            raise RuntimeError(f"bidirl run failed:\n{p.stderr[-4000:]}")
+        s = json.loads((run / "summary.json").read_text())
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        lengths = [d["response_length/mean"] for d in map(json.loads, lines)
+                   if "response_length/mean" in d and "critic/score/mean" in d]
+    completion_tokens = sum(n * PROMPTS * GROUP for n in lengths)
+    return {"side": "bidirl", "policy": policy, "loop_wall_s": s["wall_s"], "steps": s["steps"],
+            "completion_tokens": completion_tokens, "completion_tokens_per_s": completion_tokens / s["wall_s"],
+            "seconds_per_step": statistics.mean(s["step_times_s"]), "rewards": s["rewards"], "mean_length": lengths,
+            "borrows": s["borrows"]}
+
+
+def summarise(pairs: list[dict]) -> dict:
+    def med(side: str, key: str) -> float:
+        return statistics.median(p[side][key] for p in pairs)
+
+    ratios = [p["bidirl"]["completion_tokens_per_s"] / p["trl"]["completion_tokens_per_s"] for p in pairs]
+    return {"pairs": len(pairs), "ratio_completion_tokens_per_s": statistics.median(ratios),
+            "ratios": ratios,
+            "bidirl": {"completion_tokens_per_s": med("bidirl", "completion_tokens_per_s"),
+                       "seconds_per_step": med("bidirl", "seconds_per_step"),
+                       "reward_last_10": _last(pairs, "bidirl")},
+            "trl": {"completion_tokens_per_s": med("trl", "completion_tokens_per_s"),
+                    "seconds_per_step": med("trl", "seconds_per_step"),
+                    "reward_last_10": _last(pairs, "trl")}}
+
+
+def _last(pairs: list[dict], side: str, k: int = 10) -> float:
+    """Mean reward of the last ``k`` steps, averaged over pairs."""
+    return statistics.mean(statistics.mean(p[side]["rewards"][-k:]) for p in pairs)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--trl-child":
+        trl_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-size", choices=sorted(SIZES), default="small")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60, help="training steps per run (both sides)")
+    ap.add_argument("--policy", default="bidirl", help="bidirl's scheduling policy")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--append", action="store_true", help="add pairs to OUT (same settings)")
+    a = ap.parse_args()
+    path = Path(a.json)
+    settings = {"model_size": a.model_size, **SIZES[a.model_size], "steps": a.steps, "prompts_per_step": PROMPTS,
+                "group_size": GROUP, "lr": LR, "cores": CORES, "policy": a.policy}
+    pairs = []
+    if a.append and path.is_file():
+        old = json.loads(path.read_text())
+        if old["settings"] != settings:
+            raise SystemExit(f"--append: {path} holds other settings: {old['settings']}")
+        pairs = old["runs"]
+    with tempfile.TemporaryDirectory(prefix="bidirl-peer-model-") as tmp:
+        model_dir = build_model(a.model_size, Path(tmp))
+        for k in range(a.pairs):
+            trl = run_trl(model_dir, a.model_size, a.steps)
+            ours = run_bidirl(model_dir, a.model_size, a.steps, a.policy)
+            pairs.append({"trl": trl, "bidirl": ours, "date": time.strftime("%Y-%m-%d %H:%M"),
+                          "load_avg": os.getloadavg()[0]})
+            print(f"[peer_trl] pair {k + 1}: TRL {trl['completion_tokens_per_s']:.0f} completion tok/s, "
+                  f"{trl['seconds_per_step']:.2f} s/step; bidirl {ours['completion_tokens_per_s']:.0f} tok/s, "
+                  f"{ours['seconds_per_step']:.2f} s/step", file=sys.stderr)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"settings": settings, **summarise(pairs), "runs": pairs}, indent=1))
+    result = json.loads(path.read_text())
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
