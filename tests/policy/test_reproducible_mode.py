@@ -16,8 +16,8 @@ from bidirl.sim import scenario as scenario_mod
 def _simulate(monkeypatch, name: str, policy: str, staleness: int, steps: int = 16):
     build = sim_run.build
 
-    def reproducible_build(sc):
-        spec, truth, lengths = build(sc)
+    def reproducible_build(sc, *args, **kwargs):
+        spec, truth, lengths = build(sc, *args, **kwargs)
         return dataclasses.replace(spec, reproducible=True), truth, lengths
 
     monkeypatch.setattr(sim_run, "build", reproducible_build)
