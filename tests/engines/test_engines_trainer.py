@@ -184,6 +184,35 @@ def test_data_parallel_two_ranks_equals_one(tiny_model_dir, tmp_path):
     assert float(ranks[0]["__loss"]) == pytest.approx(single_metrics["loss"], rel=1e-5)
 
 
+def _dp_empty_rank_worker(rank, world, port, model_dir, out_dir):
+    import torch.distributed as dist
+
+    group = init_process_group(rank, world, master_port=port)
+    mbs = make_microbatches(_samples(model_dir, 8), 2)
+    tr = TorchTrainer(model_dir, CFG_DP, process_group=group)
+    # The step's plan gave rank 1 nothing (an auxiliary took its share): it adds zero.
+    chunks = [tr.compute_chunk_grads(mbs, count_tokens(mbs))] if rank == 0 else []
+    tr.apply_grads(chunks)
+    np.savez(f"{out_dir}/rank{rank}.npz", **tr.get_weights_numpy())
+    dist.destroy_process_group()
+
+
+def test_a_data_parallel_rank_without_micro_batches_adds_zero(tiny_model_dir, tmp_path):
+    import torch.multiprocessing as mp
+
+    mbs = make_microbatches(_samples(tiny_model_dir, 8), 2)
+    single = TorchTrainer(tiny_model_dir, CFG_DP)
+    single.apply_grads([single.compute_chunk_grads(mbs, count_tokens(mbs))])
+    mp.spawn(_dp_empty_rank_worker, args=(2, free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2,
+             join=True)
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
+    for name, w in single.get_weights_numpy().items():
+        assert np.array_equal(ranks[0][name], ranks[1][name]), name
+        assert np.allclose(ranks[0][name], w, rtol=0, atol=1e-6), name
+    with pytest.raises(ValueError, match="at least one gradient chunk"):  # alone, nothing is a bug
+        single.apply_grads([])
+
+
 def test_flat_sample_list_uses_configured_micro_batches(tiny_model_dir):
     samples = _samples(tiny_model_dir, 6)
     cfg = TrainerConfig(lr=1e-3, micro_batch_size=2)

@@ -211,11 +211,13 @@ class TorchTrainer:
         with the version unchanged.
         """
         partials = [g for chunk in chunks for g in chunk.grads]
-        if not partials:
+        if not partials and self.process_group is None:
             raise ValueError("apply_grads needs at least one gradient chunk")
         stale = sorted({c.version for c in chunks} - {self.version})
         if stale:  # gradients of other weights would silently corrupt the update
             raise ValueError(f"chunks computed at version(s) {stale}; trainer is at version {self.version}")
+        if not partials:  # a data-parallel rank the step's plan left without micro-batches: it adds zero
+            partials = [{name: np.zeros(tuple(p.shape), np.float32) for name, p in self.params.items()}]
         total = {name: g.copy() for name, g in partials[0].items()}
         for grads in partials[1:]:
             for name, g in grads.items():
@@ -263,8 +265,11 @@ class TorchTrainer:
             return metrics
         params = list(self.params.values())
         flat = torch.cat([p.grad.reshape(-1) for p in params])
-        keys = sorted(metrics)
-        flat = torch.cat([flat, torch.tensor([metrics[k] for k in keys], dtype=flat.dtype)])
+        # A rank without micro-batches has no metrics: the ranks agree on the names first.
+        names: list = [None] * dist.get_world_size(self.process_group)
+        dist.all_gather_object(names, sorted(metrics), group=self.process_group)
+        keys = sorted(set().union(*names))
+        flat = torch.cat([flat, torch.tensor([metrics.get(k, 0.0) for k in keys], dtype=flat.dtype)])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
         offset = 0
         for p in params:
