@@ -57,7 +57,10 @@ def test_nan_reward_by_default_is_a_one_line_error(tmp_path, real_runtime_availa
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("bidirl train: error:")]
     assert len(errors) == 1, out.stderr[-3000:]
-    for part in ("returned nan", "group 0", "prompt uid", "data_source 'add'", "response 3",
+    from bidirl.runtime.config import TrainConfig
+
+    task = TrainConfig().data.task  # the default task names the rows' data source
+    for part in ("returned nan", "group 0", "prompt uid", f"data_source '{task}'", "response 3",
                  "data.on_bad_reward=zero"):
         assert part in errors[0], (part, errors[0])
     assert not (run / "checkpoints").exists() or not list((run / "checkpoints").glob("step_*/COMPLETE"))
