@@ -19,6 +19,7 @@ from runtime_cli_helpers import ROOT, SMALL, assert_run_sound, bidirl_cmd, run_c
 
 from bidirl.obs.accounting import check_conservation
 from bidirl.obs.metrics import read_metrics
+from bidirl.runtime.config import TrainConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -58,7 +59,8 @@ def test_async_grpo_end_to_end(tmp_path, real_runtime_available):
     val = [m for m in metrics if "val/score/mean" in m]
     versions = [m["step"] for m in val]  # the version each ran on: the one asked for, or a newer one
     assert len(versions) == 3 and versions[0] >= 2 and versions[1] >= 4 and versions[-1] == 5, versions
-    assert all(m["val/prompts"] == 8 and "val-core/add/reward/mean@1" in m for m in val)
+    task = TrainConfig().data.task  # the default task: veRL's val-core/<data_source>/... names
+    assert all(m["val/prompts"] == 8 and f"val-core/{task}/reward/mean@1" in m for m in val)
     samples = [json.loads(ln) for ln in (run / "samples.jsonl").read_text().splitlines()]
     assert {(s["kind"], s["step"]) for s in samples} == {("val", v) for v in versions} | {
         ("train", 0), ("train", 2), ("train", 4)}
