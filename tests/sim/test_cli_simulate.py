@@ -69,11 +69,15 @@ def test_bad_scenario_exits_2_with_one_line_naming_the_field(tmp_path, capsys):
     ("nonsense: 1", "nonsense"),
 ])
 def test_each_bad_field_is_named(tmp_path, capsys, body, field):
+    _assert_one_line_error(tmp_path, capsys, f"hardware: H100-80GB\nmodel: Qwen3-8B\n{body}", field)
+
+
+def _assert_one_line_error(tmp_path, capsys, body: str, field: str) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text(f"name: bad\nhardware: H100-80GB\nmodel: Qwen3-8B\n{body}\n")
+    bad.write_text(f"name: bad\n{body}\n")
     assert main(["simulate", "--scenario", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and field in err
+    assert len(err.splitlines()) == 1 and field in err, err
 
 
 @pytest.mark.parametrize("body, field", [
@@ -85,11 +89,7 @@ def test_each_bad_field_is_named(tmp_path, capsys, body, field):
     ("hardware: H100-80GB\nmodel: {config: nowhere/config.json}", "model.config: cannot read"),
 ])
 def test_a_missing_or_bad_device_or_model_is_named(tmp_path, capsys, body, field):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(f"name: bad\n{body}\n")
-    assert main(["simulate", "--scenario", str(bad)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and field in err, err
+    _assert_one_line_error(tmp_path, capsys, body, field)
 
 
 def test_unknown_scenario_lists_the_builtins(capsys):

@@ -54,8 +54,7 @@ class AuxLending:
         self._closed = -1  # the step whose joins are closed
         self._judged: set[tuple[int, int]] = set()  # (step, replica) rejected for its cost
         self._measured = -1  # the step whose first primary measurement was seen
-        self._joining: dict[int, int] = {}  # unit lent to join a step -> that step
-        self._joiners: tuple[int, set[int]] = (-1, set())  # a step and the units lent to join it
+        self._joining: dict[int, int] = {}  # unit -> the step it was last lent to join
 
     def actions(self, s: ClusterState, event: Event) -> Iterator[Action]:
         if isinstance(event, ChunkComputed):  # nothing left for it this step: home to roll out
@@ -78,7 +77,7 @@ class AuxLending:
                     yield from self._join(s, r)
         elif isinstance(event, DeviceLent) and event.unit in self._joining:
             u = event.unit  # lent mid-step: join it if it still runs (else it waits for the next)
-            step = self._joining.pop(u)
+            step = self._joining[u]
             if (s.phase is Phase.TRAINING and s.step_action is not None and s.step_action.step == step
                     and s.units.status[u] is UnitStatus.LENT):
                 yield JoinStep(u, step)
@@ -102,9 +101,6 @@ class AuxLending:
             self._judged.add((s.next_step, r))
         elif d.admit:
             self._joining[r] = s.next_step
-            if self._joiners[0] != s.next_step:
-                self._joiners = (s.next_step, set())
-            self._joiners[1].add(r)
             yield Lend(r, Role.AUX_TRAIN)
         else:  # nothing to gain: nor will there be for anyone later in this step
             self._closed = s.next_step
@@ -127,8 +123,8 @@ class AuxLending:
         c_grad = est.switch.estimate("train_on_roll.c_grad")
         c_out = est.switch.estimate("train_on_roll.c_out")
         # Auxiliaries already joining (or on their way to) take from the same tail.
-        joiners = self._joiners[1] if self._joiners[0] == s.next_step else ()
-        others = [s.t] * sum(1 for u in joiners if s.units.status[u] in AWAY)
+        others = [s.t] * sum(1 for u, step in self._joining.items()
+                             if step == s.next_step and s.units.status[u] in AWAY)
         base = steal_schedule(progress, others, aux_micro)
         alone = max(base.primary_end_s, max(base.aux_end_s, default=s.t)) - s.t
         free = steal_schedule(progress, others + [s.t], aux_micro)

@@ -233,15 +233,11 @@ class SimRuntime:
             self._deliver(m)
         self.trained.device_s += tl.device_seconds
         self.trained.tokens += sum(mb.tokens for mb in a.micro_batches)
-        raw = max((sum(x) for x in self._rank_times(a, 1.0)), default=0.0)
+        micro = micro_times(self.truth.train.micro.theta, a.micro_batches)
+        raw = max((sum(micro[i] for i in idx) for idx in primary_ranks(a, spec.train_dp)), default=0.0)
         self.step = _StepInFlight(a, now, tl, (tl.primary_end - now) / raw if raw > 0 else 1.0,
                                   max((r.arrive for r in tl.aux), default=now), tl.end - tl.merge_start)
         self._schedule_end(self.step)
-
-    def _rank_times(self, a: StartTrainStep, factor: float, skip: set[int] = frozenset()
-                    ) -> list[list[float]]:
-        micro = micro_times(self.truth.train.micro.theta, a.micro_batches)
-        return [[micro[i] * factor for i in idx if i not in skip] for idx in primary_ranks(a, self.spec.train_dp)]
 
     def _schedule_end(self, st: _StepInFlight) -> None:
         """(Re)schedule the primary's idle time, the merge and the step's end (a join moves them)."""
@@ -269,9 +265,9 @@ class SimRuntime:
         fixed = {j: [x for x in run.items if x[1] <= now] for j, run in st.joiners.items()}
         taken = {i for items in fixed.values() for i, _ in items}
         aux_micro = dict(enumerate(micro_times(self.truth.aux.micro.theta, st.action.micro_batches)))
-        ranks = [[(i, x) for i, x in zip([i for i in idx if i not in taken], times)]
-                 for idx, times in zip(primary_ranks(st.action, self.spec.train_dp),
-                                       self._rank_times(st.action, st.factor, taken))]
+        micro = micro_times(self.truth.train.micro.theta, st.action.micro_batches)
+        ranks = [[(i, micro[i] * st.factor) for i in idx if i not in taken]
+                 for idx in primary_ranks(st.action, self.spec.train_dp)]
         progress = rank_progress(ranks, st.start, now)
         # A joiner that is done (its chunk delivered) keeps what it had; the others go on.
         runs = [j for j in st.joiners.values() if not (j.token and j.arrive <= now)]
