@@ -37,7 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["model.tiny_layers=4", "model.tiny_hidden=256", "model.warm_start_steps=0",
         "rollout.prompts_per_step=8", "rollout.group_size=8", "data.task=copy",
-        "run.checkpoint_every=0", "run.plot=false", "run.tensorboard=false"]
+        "run.checkpoint_every=0", "run.plot=false", "run.tensorboard=false",
+        "run.val_every=0"]  # the figures are the training loop's; validation is not part of any workload
 LONG_PROMPT_TOKENS = 200
 
 

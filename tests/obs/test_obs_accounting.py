@@ -19,6 +19,7 @@ from bidirl.obs.accounting import (
     bubble_seconds,
     check_borrow_flags,
     check_conservation,
+    clip_intervals,
     idle_ratios,
     pool_times,
     switch_seconds,
@@ -176,3 +177,38 @@ def test_property_conservation(case, data):
         doubled = intervals + [victim]
         found = check_conservation(doubled, n_devices, wall_s)
         assert any(v.device == victim.device and v.kind == "overlap" for v in found)
+
+
+
+def _replay(intervals, n_devices: int, until: float):
+    """A ``Recorder`` told every change of ``intervals`` that happens by ``until``."""
+    from bidirl.frame.device_time import Recorder
+
+    rec = Recorder({d: "rollout" if d % 2 == 0 else "train" for d in range(n_devices)}, keep=False)
+    for iv in intervals:
+        if iv.start_s <= until:
+            rec.set((iv.device,), iv.start_s, iv.activity, iv.role, iv.label, iv.borrowed)
+    return rec
+
+
+@settings(max_examples=60, deadline=None)
+@given(_tilings(), st.floats(0.0, 1.0))
+def test_the_loop_figures_taken_before_a_final_validation_conserve_device_time(case, frac):
+    """A run's figures are taken when its training loop ends, before the final validation:
+    the intervals cut there tile ``[0, t]``, and the recorder's tally at ``t`` has the same
+    seconds per pool and activity (and leaves the recorder as it was)."""
+    n_devices, wall_s, intervals = case
+    t = frac * wall_s
+    cut = clip_intervals(intervals, t)
+    if t > 0:
+        assert check_conservation(cut, n_devices, t) == []
+    rec = _replay(intervals, n_devices, t)
+    at_t = rec.tally_at(t)
+    for pool, seconds in at_t.items():
+        for k, activity in enumerate((Activity.BUSY, Activity.IDLE, Activity.SWITCHING)):
+            want = sum(iv.duration_s for iv in cut if iv.pool == pool and iv.activity == activity)
+            assert seconds[k] == pytest.approx(want, abs=1e-6)
+    full = _replay(intervals, n_devices, wall_s)
+    full.finish(wall_s)
+    assert rec.tally_at(t) == at_t
+    assert sum(map(sum, full.tally.values())) == pytest.approx(n_devices * wall_s)

@@ -69,6 +69,13 @@ def test_async_grpo_end_to_end(tmp_path, real_runtime_available):
     trace = json.loads((run / "trace.json").read_text())
     assert {e["tid"] for e in trace["traceEvents"] if e.get("ph") == "X"} == {1, 2}
     assert any("validate" in e.get("name", "") for e in trace["traceEvents"] if e.get("ph") == "X")
+    # the figures are the training loop's: the final validation comes after it, counted apart
+    end = max((e["ts"] + e["dur"]) / 1e6 for e in trace["traceEvents"] if e.get("ph") == "X")
+    last_val = max(e["ts"] / 1e6 for e in trace["traceEvents"] if "validate" in e.get("name", ""))
+    assert summary["final_validation_s"] > 0 and last_val >= summary["wall_s"] - 1e-3
+    assert summary["wall_s"] + summary["final_validation_s"] == pytest.approx(end, abs=0.01)
+    pool_s = summary["extra"]["pool_seconds"]
+    assert sum(sum(v.values()) for v in pool_s.values()) == pytest.approx(2 * summary["wall_s"], rel=1e-3)
     assert (run / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(run.glob("events.out.tfevents.*")), "TensorBoard events written"
     assert (run / "config.yaml").is_file()

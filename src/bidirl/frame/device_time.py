@@ -60,6 +60,16 @@ class Recorder:
         self._sha.update(_PACK(d, start, t, borrowed))
         self._sha.update(f"{pool}|{role}|{activity.value}|{label}\n".encode())
 
+    def tally_at(self, t: float) -> dict[str, list[float]]:
+        """The per-pool tally as it would be if every device's running interval closed at
+        ``t`` (nothing changes): the training loop's figures taken before a final step
+        that is not training (the last validation)."""
+        out = {p: list(v) for p, v in self.tally.items()}
+        for d, (activity, *_rest) in self.state.items():
+            if t > self.since[d]:
+                out[self.pool[d]][_INDEX[activity]] += t - self.since[d]
+        return out
+
     def finish(self, wall: float) -> None:
         for d in sorted(self.state):
             self._close(d, wall)

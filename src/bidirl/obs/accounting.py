@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bidirl.core.timeline import Activity, Interval
 
 __all__ = ["PoolTime", "Violation", "accounting_metrics", "borrow_counts", "borrowed_seconds", "bubble_cause",
-           "borrow_direction", "bubble_seconds", "check_borrow_flags", "check_conservation", "idle_ratios",
-           "pool_times", "switch_seconds"]
+           "borrow_direction", "bubble_seconds", "check_borrow_flags", "check_conservation", "clip_intervals",
+           "idle_ratios", "pool_times", "switch_seconds"]
 
 ROLL_ON_TRAIN = "roll_on_train"
 TRAIN_ON_ROLL = "train_on_roll"
@@ -71,6 +71,12 @@ def pool_times(intervals: Iterable[Interval]) -> dict[str, PoolTime]:
         pool: PoolTime(acts[Activity.BUSY], acts[Activity.IDLE], acts[Activity.SWITCHING])
         for pool, acts in sorted(sums.items())
     }
+
+
+def clip_intervals(intervals: Iterable[Interval], end: float) -> list[Interval]:
+    """The intervals as far as ``end``: those after it dropped, those across it cut (the
+    training loop's share of a run that validated once more after its last step)."""
+    return [iv if iv.end_s <= end else replace(iv, end_s=end) for iv in intervals if iv.start_s < end]
 
 
 def idle_ratios(intervals: Iterable[Interval]) -> dict[str, float]:

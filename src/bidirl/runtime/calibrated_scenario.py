@@ -230,14 +230,14 @@ def dump_yaml(data: dict) -> str:
     return header + yaml.dump(data, Dumper=Dumper, sort_keys=False, width=120)
 
 
-def facts(cfg, rt, intervals=None) -> RunFacts:
+def facts(cfg, rt, intervals=None, wall: float | None = None) -> RunFacts:
     """Gather ``RunFacts`` from a finished ``DeviceExecutor`` and its run config."""
     spec, est = rt.spec, rt.controller.state.est
     steps = [rt.steps[k] for k in sorted(rt.steps) if rt.steps[k].finished_s > 0]  # not a step cut short
     samples = sum(len(r.staleness) for r in steps) * spec.group_size
     prompt = (sum(r.total_tokens - r.response_tokens for r in steps) / samples if samples
               else float(spec.prompt_tokens))
-    wall = rt.now()
+    wall = rt.now() if wall is None else wall
     tokens = sum(r.total_tokens for r in steps)
     busy = None
     if intervals:
@@ -253,13 +253,14 @@ def facts(cfg, rt, intervals=None) -> RunFacts:
         rollout_busy_s=busy, throughput_tokens_per_s=tokens / wall if wall > 0 else None)
 
 
-def write(run_dir: Path, cfg, rt, intervals=None) -> Path | None:
+def write(run_dir: Path, cfg, rt, intervals=None, wall: float | None = None) -> Path | None:
     """Write ``profile.jsonl`` and ``scenario.yaml`` to ``run_dir``; the scenario's path
-    (None, with a note on stderr, when the run measured too little to describe)."""
+    (None, with a note on stderr, when the run measured too little to describe).  ``wall``:
+    when the training loop ended (default: now)."""
     import sys
 
     run_dir = Path(run_dir)
-    f = facts(cfg, rt, intervals)
+    f = facts(cfg, rt, intervals, wall)
     with (run_dir / "profile.jsonl").open("w") as out:
         for rec in f.profile:
             out.write(json.dumps(rec) + "\n")

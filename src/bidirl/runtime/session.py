@@ -48,6 +48,7 @@ import sys
 import time
 from pathlib import Path
 
+from bidirl.obs.accounting import clip_intervals
 from bidirl.runtime.checkpoints import (  # noqa: F401  (re-exported for the tests)
     ResumeError,
     checkpoint_problem,
@@ -261,8 +262,10 @@ class TrainSession:
         if self.stop.requested:  # a signal during the start-up: stop at the first boundary, this one
             self.stopped_at = self.start_step
         failed = None
+        loop = None  # (time, per-pool tally) when the training loop ended: what the figures count
         try:
             rt.run(should_stop=lambda: self.stopped_at is not None or self.stop.abandon)
+            loop = (rt.now(), rt.clock.tally_at(rt.now()))
             if rt.validator is not None and controller.finished and cfg.run.val_every:
                 rt.validator.final(cfg.run.steps)  # the final weights, before the outputs are written
         except Exception as e:
@@ -279,14 +282,19 @@ class TrainSession:
         finished = controller.finished
         if failed is not None:  # the weights are the last good ones; the step's groups are in the store
             self.checkpoint_boundary(rt)
-        summary = self._summary(wall, rt, intervals, upto=None if finished else self.boundary)
+        # The final validation runs after the last step: it is not training, so throughput,
+        # idle ratios and the packing bound are the loop's; its seconds are reported apart.
+        loop_wall, loop_tally = loop if loop is not None else (wall, None)
+        summary = self._summary(loop_wall, rt, clip_intervals(intervals, loop_wall),
+                                upto=None if finished else self.boundary, tally=loop_tally)
+        summary["final_validation_s"] = round(wall - loop_wall, 3)
         summary["model_dir"] = self.publish_model()
         if not finished:
             summary["stopped"] = self._stop_record(failed)
         reporter.finish(summary, intervals, final_step=cfg.run.steps if finished else self.boundary)
         from bidirl.runtime import calibrated_scenario  # RUN_DIR/scenario.yaml: this run, for the simulator
 
-        calibrated_scenario.write(self.run_dir, cfg, rt, intervals)
+        calibrated_scenario.write(self.run_dir, cfg, rt, intervals, wall=loop_wall)
         del ray
         if failed is not None:
             what = " ".join(str(failed).split()).split(": no weight")[0]
@@ -380,7 +388,7 @@ class TrainSession:
                 "max_staleness": a.max_staleness, "mean_staleness": round(a.mean_staleness, 4),
                 "staleness_ok": not a.staleness_violations, "ok": a.ok}
 
-    def _summary(self, wall: float, rt, intervals, upto: int | None = None) -> dict:
+    def _summary(self, wall: float, rt, intervals, upto: int | None = None, tally=None) -> dict:
         """``RunResult``'s names (what ``bidirl simulate`` writes), plus what training adds.
 
         A run stopped early is audited over the steps it applied (``upto``)."""
@@ -388,7 +396,7 @@ class TrainSession:
 
         audit = self.audit(upto)
         rewards = [self.rewards_by_step[k] for k in sorted(self.rewards_by_step)]
-        result = run_result(self.cfg, wall, rt, intervals, audit).to_json() if rt else {
+        result = run_result(self.cfg, wall, rt, intervals, audit, tally).to_json() if rt else {
             "steps": self.cfg.run.steps, "wall_s": 0.0, "throughput_tokens_per_s": 0.0, "borrows": {}}
         return {
             **result, "wall_s": round(wall, 2),
@@ -462,14 +470,14 @@ class TrainSession:
         (out / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
-def run_result(cfg: TrainConfig, wall: float, rt, intervals, audit: dict):
+def run_result(cfg: TrainConfig, wall: float, rt, intervals, audit: dict, tally=None):
     """A real run as a ``frame.result.RunResult``: the simulator's names and meanings.
 
     ``ideal_tokens_per_s`` packs the run's measured busy device-seconds onto every device
     with no bubble and no switch (busy work / devices = ideal wall time).
     """
     from bidirl.frame.result import RunResult, admission_counts, decision_figures, pool_figures
-    pools = pool_figures(rt.clock.tally)
+    pools = pool_figures(rt.clock.tally if tally is None else tally)
     steps = [rt.steps[k] for k in sorted(rt.steps)]
     tokens = sum(r.total_tokens for r in steps)
     busy = sum(v["busy"] for v in pools["pool_seconds"].values())
