@@ -13,8 +13,12 @@ the simulator's prediction from the run's own calibrated scenario
     .venv/bin/python bench/real_policies.py --workload rollout-heavy --pairs 5 --json OUT.json
     .venv/bin/python bench/real_policies.py --workload all --pairs 5     # every workload
     .venv/bin/python bench/real_policies.py --workload balanced --pairs 1 -- run.steps=6
+    .venv/bin/python bench/real_policies.py --workload shifting --pairs 2 --append --json OUT.json
 
-Start-up (Ray, vLLM engines, pre-warming) is outside the measured loop.  Workloads
+``--append`` adds pairs to those already in ``OUT.json`` (a long series in several shorter
+invocations) and summarises them all; each run records the commit it measured.
+Start-up (Ray, vLLM engines, pre-warming) and the final validation are outside the
+measured loop (the runs do not validate).  Workloads
 (``WORKLOADS``): rollout-heavy, train-heavy, shifting, balanced; all on a 4-layer /
 hidden-256 model with random weights (responses run long), 8 prompts x 8 responses a
 step, 1 rollout + 1 training device, staleness 1.
@@ -70,6 +74,17 @@ WORKLOADS = {
         ("rollout.max_new_tokens=128", "trainer.micro_batch_size=16")),
 }
 POLICIES = ("async", "bidirl")
+
+
+def _code() -> str:
+    """The commit the runs measure (``+dirty`` when the tree has uncommitted changes)."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no", "src") else "")
+
+
+CODE = _code()
 ENV = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
 
 
@@ -138,16 +153,19 @@ def run_once(name: str, w: Workload, policy: str, run: Path, data: Path | None, 
     }
 
 
-def run_workload(name: str, pairs: int, extra: list[str], tmp: Path) -> dict:
+def run_workload(name: str, pairs: int, extra: list[str], tmp: Path, before: list[dict] = ()) -> dict:
+    """``pairs`` more interleaved pairs of ``name``, summarised with the runs ``before`` them
+    (``--append``: a long series split into several shorter invocations)."""
     w = WORKLOADS[name]
     data = long_prompt_rows(tmp / f"{name}-prompts.jsonl") if w.long_prompts else None
-    runs: list[dict] = []
-    for i in range(pairs):
+    runs: list[dict] = list(before)
+    first = 1 + max((r["pair"] for r in before), default=-1)
+    for i in range(first, first + pairs):
         order = POLICIES if i % 2 == 0 else POLICIES[::-1]
         for pol in order:
-            print(f"[{name}] pair {i + 1}/{pairs}: {pol} ...", file=sys.stderr, flush=True)
+            print(f"[{name}] pair {i + 1}/{first + pairs}: {pol} ...", file=sys.stderr, flush=True)
             r = run_once(name, w, pol, tmp / f"{name}-{i:02d}-{pol}", data, extra)
-            r["pair"] = i
+            r["pair"], r["code"] = i, CODE
             runs.append(r)
             if "error" in r:
                 print(f"  FAILED: {r['error'][-600:]}", file=sys.stderr)
@@ -240,6 +258,8 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=5, help="interleaved async/bidirl pairs (>= 1)")
     ap.add_argument("--json", default=str(ROOT / "bench/results/real_policies.json"))
     ap.add_argument("--keep", default=None, help="keep the run directories here")
+    ap.add_argument("--append", action="store_true",
+                    help="add the pairs to those already in --json (one workload) and summarise them all")
     ap.add_argument("extra", nargs="*", help="key=value overrides for every run (after --)")
     args = ap.parse_args()
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
@@ -248,12 +268,21 @@ def main() -> int:
             ap.error(f"--workload: {n!r} is not one of {', '.join(WORKLOADS)}, all")
     if args.pairs < 1:
         ap.error("--pairs: must be >= 1")
+    before: list[dict] = []
+    if args.append:
+        if len(names) != 1:
+            ap.error("--append: give one --workload")
+        if Path(args.json).is_file():
+            prev = json.loads(Path(args.json).read_text())
+            if prev.get("workload") != names[0]:
+                ap.error(f"--append: {args.json} holds workload {prev.get('workload')!r}, not {names[0]!r}")
+            before = prev["runs"] + prev["failed_runs"]
     results = []
     with tempfile.TemporaryDirectory(prefix="bidirl-bench-") as tmp_s:
         tmp = Path(args.keep) if args.keep else Path(tmp_s)
         tmp.mkdir(parents=True, exist_ok=True)
         for n in names:
-            results.append(run_workload(n, args.pairs, args.extra, tmp))
+            results.append(run_workload(n, args.pairs, args.extra, tmp, before))
             out = results[0] if len(results) == 1 and args.workload != "all" else {"workloads": results}
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(out, indent=1))  # after each workload: nothing lost
