@@ -100,22 +100,6 @@ def batch_micro_batches(s: ClusterState) -> list[MicroBatch]:
                               spec.micro_batch_tokens)
 
 
-AUX_WARM_MEASUREMENTS = 4  # auxiliary micro-batch measurements before its own model is trusted
-
-
-def _aux_from_primary(s: ClusterState) -> float | None:
-    """The factor that turns a primary rank's predicted time into an auxiliary's while the
-    auxiliary has no model of its own yet, or None once it has.
-
-    An auxiliary that has not computed yet runs on the same kind of device as a primary
-    rank: the primary's calibrated model, scaled by the devices each has, is a far better
-    guess than the roofline prior (which sized the first real shares several-fold off).
-    """
-    if s.est.aux.micro.observations < AUX_WARM_MEASUREMENTS <= s.est.train.micro.observations:
-        return s.spec.train_tp / max(s.spec.rollout_tp, 1)
-    return None
-
-
 def micro_means(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[float, float]:
     """Predicted mean micro-batch time on a primary rank and on an auxiliary trainer.
 
@@ -126,16 +110,12 @@ def micro_means(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[float, floa
         return 0.0, 0.0
     n = len(mbs)
     feats = (1.0, sum(mb.tokens for mb in mbs) / n, sum(mb.tokens * mb.seq_len for mb in mbs) / n)
-    p_s = s.est.train.micro.predict(feats)
-    scale = _aux_from_primary(s)
-    return p_s, (p_s * scale if scale is not None else s.est.aux.micro.predict(feats))
+    return s.est.train.micro.predict(feats), s.est.aux.micro.predict(feats)
 
 
 def micro_times(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[list[float], list[float]]:
     """Predicted time of each micro-batch on a primary rank and on an auxiliary trainer."""
-    p = [s.est.micro_s(mb) for mb in mbs]
-    scale = _aux_from_primary(s)
-    return p, ([x * scale for x in p] if scale is not None else [s.est.micro_s(mb, aux=True) for mb in mbs])
+    return [s.est.micro_s(mb) for mb in mbs], [s.est.micro_s(mb, aux=True) for mb in mbs]
 
 
 def primary_ranks(step: StartTrainStep, dp: int) -> list[list[int]]:
