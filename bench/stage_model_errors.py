@@ -1,0 +1,117 @@
+"""How far a real run's stage models are from what their measurements allow.
+
+Replays each run's measurements (``RUN_DIR/profile.jsonl``, in the order the scheduler saw
+them) through a fresh ``controller.estimates.Estimates`` built from the run's own config,
+and prints per stage:
+
+- ``online``: the median out-of-sample error, as the run reported it (the replay
+  reproduces ``summary.json``'s ``stage_model_median_error``; a mismatch is flagged);
+- ``steady``: the same over the second half of the run's measurements (after the cold start);
+- ``floor``: the median error of the *best fixed fit* of the same features over the whole
+  run, fitted after the fact on every measurement (least squares on relative error): no
+  model of this form, however it learns, does much better on these measurements; what is
+  left above it is learning (cold start, drift), what is in it is the machine's noise or a
+  missing feature.
+
+    .venv/bin/python bench/stage_model_errors.py RUN_DIR [RUN_DIR ...] --json OUT.json
+
+(``bench/real_policies.py --keep DIR`` keeps the run directories of a benchmark.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bidirl.controller.estimates import Estimates
+from bidirl.runtime.config import load_config
+from bidirl.runtime.placement import build_spec
+
+
+def measurements(run: Path) -> list[tuple[str, tuple[float, ...], float]]:
+    """(stage, features, seconds) in the order the run's scheduler observed them."""
+    out = []
+    for line in (run / "profile.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e["event"] == "StageMeasured":
+            out.append((e["stage"], tuple(e["features"]), e["seconds"]))
+        elif e["event"] == "WeightsSynced":
+            out.append(("weight_sync", (1.0,), e["seconds"]))
+    return out
+
+
+def floor(rows: list[tuple[tuple[float, ...], float]]) -> float | None:
+    """Median relative error of the best fixed non-negative fit of these rows (in-sample)."""
+    rows = [(x, y) for x, y in rows if y > 0]
+    if len(rows) < 2:
+        return None
+    x = np.array([r[0] for r in rows], float)
+    y = np.array([r[1] for r in rows], float)
+    a = x / y[:, None]
+    free = [j for j in range(x.shape[1]) if np.abs(a[:, j]).sum() > 0]
+    theta = np.zeros(x.shape[1])
+    while free:  # active set, as perf/calibration.py's fit: drop the most negative, solve again
+        u = np.linalg.lstsq(a[:, free], np.ones(len(y)), rcond=None)[0]
+        if u.min() >= 0:
+            theta[free] = u
+            break
+        free.pop(int(np.argmin(u)))
+    return float(np.median(np.abs(x @ theta - y) / y))
+
+
+def analyse(run: Path) -> dict:
+    cfg = load_config(str(run / "config.yaml"))
+    est = Estimates(build_spec(cfg, cfg.run.steps, 12.0))
+    rows: dict[str, list] = {}
+    errs: dict[str, list[float]] = {}
+    for stage, x, s in measurements(run):
+        if stage not in est.models:
+            continue
+        errs.setdefault(stage, []).append(est.models[stage].observe(x, s))
+        rows.setdefault(stage, []).append((x, s))
+    reported = {}
+    summary = run / "summary.json"
+    if summary.is_file():
+        reported = json.loads(summary.read_text()).get("stage_model_median_error", {})
+    out = {}
+    for stage, e in errs.items():
+        online = est.models[stage].median_rel_error()
+        rep = reported.get(stage)
+        out[stage] = {"n": len(e), "online": online, "steady": statistics.median(e[len(e) // 2:]),
+                      "floor": floor(rows[stage]),
+                      "reported": rep, "replay_matches": rep is None or abs(rep - online) < 1e-9}
+    return {"run": str(run), "policy": cfg.scheduler.policy, "stages": out}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="run directories (profile.jsonl, config.yaml)")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    args = ap.parse_args()
+    results = []
+    for r in args.runs:
+        run = Path(r)
+        if not (run / "profile.jsonl").is_file() or not (run / "config.yaml").is_file():
+            ap.error(f"{run}: not a run directory (needs profile.jsonl and config.yaml)")
+        results.append(analyse(run))
+    print(f"{'run':<28}{'stage':<13}{'n':>5}{'online':>8}{'steady':>8}{'floor':>8}")
+    for res in results:
+        for stage, f in res["stages"].items():
+            flag = "" if f["replay_matches"] else "  (replay != summary)"
+            fl = "-" if f["floor"] is None else f"{f['floor']:.3f}"
+            print(f"{Path(res['run']).name[:27]:<28}{stage:<13}{f['n']:>5}{f['online']:>8.3f}"
+                  f"{f['steady']:>8.3f}{fl:>8}{flag}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
