@@ -65,9 +65,9 @@ WORKLOADS = {
         ("rollout.max_new_tokens=24", "trainer.micro_batch_size=4", "trainer.kl_coef=0.01"),
         long_prompts=True),
     "shifting": Workload(
-        f"4 prompts x 8 of ~{LONG_PROMPT_TOKENS} tokens, the response cap growing 8 -> 320 over the run "
+        f"4 prompts x 8 of ~{LONG_PROMPT_TOKENS} tokens, the response cap growing 8 -> 288 over the run "
         "on a replica that runs 2 at a time: training-bound at first, rollout-bound at the end",
-        ("rollout.prompts_per_step=4", "rollout.max_new_tokens=320", "rollout.max_new_tokens_start=8",
+        ("rollout.prompts_per_step=4", "rollout.max_new_tokens=288", "rollout.max_new_tokens_start=8",
          "rollout.max_num_seqs=2", "trainer.micro_batch_size=8"), long_prompts=True, steps=12),
     "balanced": Workload(
         "responses <= 128 tokens, all 64 at once: rollout and training take about as long",
