@@ -112,6 +112,22 @@ class _Steady:
     fluid: float
     queue: float
     step: float
+    replicas: float  # primaries + lent replica-equivalents
+
+
+def _windows(m: _Model, period: float, queue: float, replicas: float, later: bool = True,
+             ) -> tuple[tuple[float, float, float], ...]:
+    """The steady state's group starts around one batch's last start: batch ``k + j``
+    starts over ``[j T - Q, j T]`` (``T`` the period, ``Q`` the queue), for the batches
+    whose responses can overlap its tail; ``later=False``: none admitted after it (the
+    run's last batch); each spread over ``replicas``."""
+    hold = m.residual.top * (m.a + m.beta * m.full_running)
+    span = min(_MAX_OVERLAP, math.ceil(hold / max(period, 1e-9)))
+    js = range(-span, span + 1 if later else 1)
+    return tuple((j * period - queue, j * period, m.responses / replicas) for j in js)
+
+
+_MAX_OVERLAP = 16  # batches on either side of a tail that the steady state follows
 
 
 def _lent_replicas(m: _Model, env: Envelope, s: int, period: float, theta: float) -> float:
@@ -147,11 +163,11 @@ def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _
     # A batch is admitted when a step ends: lent replicas are home then, their running
     # groups handed back, so only the primaries' free group slots take the new batch.
     queue = _queue(m, fluid, min(m.cap, b * n / primaries), primaries)
-    latency = queue + _tail(m, queue, step)
+    latency = queue + _tail(m, queue, step, _windows(m, period, queue, n), n)
     # The trainer pushes weights after every step before it starts the next: a train-bound
     # period is theta + W, not theta.
     rhs = max(fluid, theta + m.weight_sync_s, (latency + m.weight_sync_s + theta) / (s + 1))
-    return _Steady(rhs, latency, theta, b, fluid, queue, step)
+    return _Steady(rhs, latency, theta, b, fluid, queue, step, n)
 
 
 def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int,
@@ -160,7 +176,7 @@ def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int
 
     At the start ``s + 1`` batches are admissible and every group slot is free, so batch
     0 queues only for what does not fit; the last batch drains with nothing admitted
-    behind it, so its tail runs at about half the steady load.  ``end``: the steady state
+    behind it, so its tail runs at the load of the batches before it alone.  ``end``: the steady state
     with auxiliary trainers, which a train-bound pipeline gets only at the first step and
     the last ``s`` steps (``predict``).  ``start_lends``: whether the policy, judging on
     its priors, lends trainer units at ``t = 0`` (``cold_start``).
@@ -170,11 +186,13 @@ def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int
         n += _feedable(m, env, s)  # the trainer idles from the start
     b0 = min(float(m.cap), m.first_running * env.rollout_replicas / n)
     q0 = _queue(m, _fluid(m, n), 0.0, n)
-    first = q0 + _tail(m, q0, m.a + m.beta * b0)
+    together = float(min(s + 1, steps) * m.responses)  # the batches admitted at t = 0
+    first = q0 + _tail(m, q0, m.a + m.beta * b0, ((-q0, 0.0, together / n),), n)
     if n > env.rollout_replicas and m.responses / m.group_size > env.rollout_replicas * m.group_slots:
         first += m.c_roll_in  # batch 0 spills onto lent units, which serve only after C_in
-    steady_tail = _tail(m, st.queue, st.step)
-    last_tail = _tail(m, st.queue, m.a + m.beta * st.running / 2)
+    steady_tail = st.latency - st.queue
+    last_tail = _tail(m, st.queue, st.step, _windows(m, st.period, st.queue, st.replicas, later=False),
+                      st.replicas)
     ending = max(0.0, steady_tail - last_tail) if steps > 1 else 0.0
     if end is None:
         return first + st.theta + (steps - 1) * st.period - ending
