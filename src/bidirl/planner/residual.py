@@ -31,26 +31,29 @@ class Residual:
         self._suffix = np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))  # sum of q[i:]
         self._prefix_sq = np.concatenate(([0.0], np.cumsum(q * q)))  # sum of q[:i]^2
 
-    def left(self, u: float) -> float:
-        """``R(u)``: tokens a response has left after ``u`` decode steps, in expectation."""
-        if u <= 0:
-            return self.mean
-        i = int(np.searchsorted(self.q, u, side="right"))
-        return (self._suffix[i] - u * (self.k - i)) / self.k
+    def left(self, u):
+        """``R(u)``: tokens a response has left after ``u`` decode steps, in expectation
+        (``u`` a number or an array)."""
+        u = np.asarray(u, dtype=float)
+        i = np.searchsorted(self.q, u, side="right")
+        out = (self._suffix[i] - u * (self.k - i)) / self.k
+        return np.where(u <= 0, self.mean, out)
 
-    def _h(self, v: float) -> float:
-        if v <= 0:
-            return self.mean * v
-        i = int(np.searchsorted(self.q, v, side="right"))
-        return (0.5 * self._prefix_sq[i] + v * self._suffix[i] - 0.5 * v * v * (self.k - i)) / self.k
+    def _h(self, v: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(self.q, v, side="right")
+        out = (0.5 * self._prefix_sq[i] + v * self._suffix[i] - 0.5 * v * v * (self.k - i)) / self.k
+        return np.where(v <= 0, self.mean * v, out)
 
-    def _mean_left(self, c: float, o1: float, o2: float) -> float:
-        """Mean of ``R(max(0, c - o))`` over ``o`` uniform on ``[o1, o2]``."""
-        if o2 - o1 <= 1e-9 * max(1.0, abs(o2)):
-            return self.left(c - o1)
-        return (self._h(c - o1) - self._h(c - o2)) / (o2 - o1)
-
-    def in_window(self, x: float, o1: float, o2: float) -> float:
+    def in_window(self, x: float, o1, o2):
         """Tokens one response decodes in a window of ``x`` steps when it starts at an offset
-        uniform on ``[o1, o2]`` (steps from the window's opening; negative: before it)."""
-        return self._mean_left(0.0, o1, o2) - self._mean_left(x, o1, o2)
+        uniform on ``[o1, o2]`` (steps from the window's opening; negative: before it);
+        ``o1``, ``o2`` numbers or arrays of windows.  It is ``M(0) - M(x)``, ``M(c)`` the
+        mean of ``R(max(0, c - o))``: ``(H(c - o1) - H(c - o2)) / (o2 - o1)``, or
+        ``R(max(0, c - o1))`` for a window of one start."""
+        o1, o2 = np.asarray(o1, dtype=float), np.asarray(o2, dtype=float)
+        width = o2 - o1
+        point = width <= 1e-9 * np.maximum(1.0, np.abs(o2))
+        h = self._h(np.stack((-o1, -o2, x - o1, x - o2)))
+        r = self.left(np.stack((-o1, x - o1)))
+        spread = (h[0] - h[1] - h[2] + h[3]) / np.where(point, 1.0, width)
+        return np.where(point, r[0] - r[1], spread)

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
+import numpy as np
+
 from bidirl.perf.stage_models import weight_sync_s
 from bidirl.perf.switch_costs import switch_priors
 from bidirl.planner.context import PlanContext
@@ -127,6 +129,13 @@ def _queue(m: _Model, fluid: float, running: float, replicas: float) -> float:
     return fluid * min(1.0, max(0.0, (groups - free) / groups))
 
 
+def _held_tail(m: _Model, queue: float, step: float) -> float:
+    """The closed form's tail: responses started over the ``queue`` window finish
+    ``step * staggered(queue / step)`` after it closes, at the steady state's step (the
+    recurrence, ``pipeline``, drains it instead: ``_tail``)."""
+    return step * m.staggered(queue / step) + m.prefill_group_s
+
+
 def _tail(m: _Model, queue: float, step: float,
           windows: tuple[tuple[float, float, float], ...], replicas: float = 1.0) -> float:
     """From the last group's start to the batch's last response.
@@ -155,31 +164,33 @@ def _drain(m: _Model, x: float, step: float, windows: tuple[tuple[float, float, 
     """``_tail`` for a longest response with ``x`` decode steps left."""
     if x <= 0:
         return m.prefill_group_s
-    t = x * step
     spread = _expected_max_normal(replicas) * m.residual.cv
-    for _ in range(_TAIL_ITERATIONS):
-        sec = t / x
-        each = [(n, m.residual.in_window(x, lo, hi)) for lo, hi, n in _in_steps(windows, step, sec)]
-        tokens = sum(n * y for n, y in each)
-        tokens += spread * math.sqrt(sum(n * y * y for n, y in each))  # the slowest replica
-        running = min(m.full_running, tokens / x)
-        t = x * (m.a + m.beta * running)
+    lo, hi, n = _split(np.asarray(windows, dtype=float).reshape(-1, 3))
+    past = hi <= 0  # starts before the tail opens: decode steps at ``step``, fixed
+    y = m.residual.in_window(x, lo[past] / step, hi[past] / step)
+    fixed = (float(n[past] @ y), float(n[past] @ (y * y)))
+    later, t = ~past, x * step
+    for _ in range(_TAIL_ITERATIONS if later.any() else 1):
+        sec = t / x  # starts inside the tail: at its mean step
+        y = m.residual.in_window(x, lo[later] / sec, hi[later] / sec)
+        first, second = fixed[0] + float(n[later] @ y), fixed[1] + float(n[later] @ (y * y))
+        tokens = first + spread * math.sqrt(second)  # + the slowest replica's excess
+        t = x * (m.a + m.beta * min(m.full_running, tokens / x))
     return t + m.prefill_group_s
 
 
-def _in_steps(windows, before: float, after: float):
-    """Start windows from seconds to decode steps: ``before`` seconds a step up to the
-    tail's opening (the load the starts ran at), ``after`` inside it; a window across the
-    opening is split by its share of starts on either side."""
-    for lo, hi, n in windows:
-        if hi <= 0:
-            yield lo / before, hi / before, n
-        elif lo >= 0:
-            yield lo / after, hi / after, n
-        else:
-            share = -lo / (hi - lo)
-            yield lo / before, 0.0, n * share
-            yield 0.0, hi / after, n * (1 - share)
+def _split(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Windows ``(first, last, responses)`` as arrays, each window across the tail's
+    opening cut in two at it, its responses shared by its span on either side."""
+    lo, hi, n = w[:, 0], w[:, 1], w[:, 2]
+    across = (lo < 0) & (hi > 0)
+    if not across.any():
+        return lo, hi, n
+    share = -lo[across] / (hi[across] - lo[across])
+    keep = ~across
+    return (np.concatenate((lo[keep], lo[across], np.zeros(len(share)))),
+            np.concatenate((hi[keep], np.zeros(len(share)), hi[across])),
+            np.concatenate((n[keep], n[across] * share, n[across] * (1 - share))))
 
 
 _TAIL_ITERATIONS = 4
