@@ -19,8 +19,9 @@ the planner's own model), so a grid point whose half/half split does not fit has
 Prints a table, writes ``bench/results/planner_regret.json``.  Simulated results are
 cached in ``bench/results/planner_regret.cache.json`` (keyed by scenario, envelope,
 policy, steps and a hash of the simulator's code: ``src/bidirl/{policy,sim,controller,perf,
-core,planner}``) so an interrupted run resumes and a change to the policy or simulator re-simulates;
-``--fresh`` ignores the cache.
+core,frame}`` and the planner modules the simulator imports) so an interrupted run resumes,
+a change to the policy or simulator re-simulates and a change to the planner's prediction
+only re-scores; ``--fresh`` ignores the cache.
 
     .venv/bin/python bench/planner_regret.py --quick      # a few minutes
     .venv/bin/python bench/planner_regret.py              # grid + 30 random scenarios
@@ -48,17 +49,32 @@ RANDOM_HARDWARE = ("A6000-48GB", "H100-80GB", "H200-141GB", "A100-80GB")
 RANDOM_MODELS = ("Qwen3-4B", "Qwen3-8B", "Qwen2.5-7B", "Qwen3-14B", "Qwen3-32B")
 RANDOM_DEVICES = (6, 10, 12, 14, 20, 24, 28, 36, 40, 48)
 SEED_STRIDE = 7919  # seeds of one scenario's repetitions: sc.seed, sc.seed + 7919, ...
-SIM_PACKAGES = ("policy", "sim", "controller", "perf", "core", "planner")  # what a simulated run executes
-# (planner: the simulator sizes memory with the planner's model, planner.compat.split_fit)
+SIM_PACKAGES = ("policy", "sim", "controller", "perf", "core", "frame")  # what a simulated run executes
+# and, of the planner, only the modules the simulator imports (planner.compat.split_fit sizes
+# its memory): the planner's prediction (predict, pipeline, stages, plan) is not simulated,
+# so a change to it re-scores cached runs instead of re-simulating them
+
+
+def _imported_by_simulator() -> tuple[Path, list[Path]]:
+    """The ``bidirl`` package this interpreter imports and the source files that importing
+    the simulator loads (a fresh interpreter: this one has imported the planner)."""
+    import subprocess
+
+    code = ("import sys, bidirl, bidirl.sim.run, bidirl.sim.scenario; print(bidirl.__file__); "
+            "print('\\n'.join(sorted(m.__file__ for n, m in list(sys.modules.items()) "
+            "if n.startswith('bidirl.') and getattr(m, '__file__', None))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    first, *files = out.stdout.split()
+    return Path(first).resolve().parent, [Path(f).resolve() for f in files]
 
 
 def sim_code_version() -> str:
     """A short hash of the simulator's and policies' source: cached runs of other code are stale."""
-    src = Path(__file__).resolve().parent.parent / "src" / "bidirl"
+    src, imported = _imported_by_simulator()
+    files = {f.resolve() for pkg in SIM_PACKAGES for f in (src / pkg).rglob("*.py")} | set(imported)
     h = hashlib.sha256()
-    for pkg in SIM_PACKAGES:
-        for f in sorted((src / pkg).rglob("*.py")):
-            h.update(str(f.relative_to(src)).encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in sorted(files):
+        h.update(str(f.relative_to(src)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:12]
 
 

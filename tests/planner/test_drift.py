@@ -49,16 +49,16 @@ def _scenario(drift: bool) -> dict:
     if drift:
         rl["drift"] = {"median": 3000}
     return from_dict({
-        "name": "drift", "hardware": "H100-80GB", "model": "Qwen3-4B", "devices": 16, "staleness": 1,
+        "name": "drift", "hardware": "H100-80GB", "model": "Qwen3-4B", "devices": 32, "staleness": 1,
         "steps": 12, "workload": {"prompts_per_step": 64, "group_size": 8, "prompt_tokens": 256,
                                   "response_length": rl},
-        "pools": {"rollout_devices": 8, "train_devices": 8, "train": {"dp": 8}}})
+        "pools": {"rollout_devices": 16, "train_devices": 16, "train": {"dp": 16}}})
 
 
 def test_drifting_lengths_change_the_pick_where_they_should():
-    """Responses growing from 150 to 3,000 tokens: planned on the start's lengths, the split is
-    half and half; planned on the schedule, it gives rollout more devices, and on the drifting
-    run that pick is faster (3 seeds)."""
+    """32 devices, responses growing from 150 to 3,000 tokens: planned on the start's lengths,
+    the split favours training; planned on the schedule, it gives rollout more devices, and
+    on the drifting run that pick is faster (3 seeds)."""
     drifting = _scenario(True)
     pick, start = plan(drifting).envelope, plan(_scenario(False)).envelope
     assert pick.rollout_devices > start.rollout_devices

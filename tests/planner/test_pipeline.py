@@ -12,6 +12,7 @@ from bidirl.planner.context import PlanContext
 from bidirl.planner.pipeline import Pipeline
 from bidirl.planner.plan import SCREEN, plan
 from bidirl.planner.predict import pipeline_timeline, predict
+from bidirl.planner.residual import Residual
 from bidirl.planner.stages import _Model, _model
 
 
@@ -25,7 +26,8 @@ class _Env:
 def _hand_model(**changes) -> _Model:
     """One replica of 4 group slots, groups of 2, a fixed 10 ms decode step (beta = 0)."""
     base = dict(a=0.01, beta=0.0, cap=8.0, group_slots=4, tokens=0.0,
-                longest_replica=100.0, staggered=lambda x: 100.0, responses=4, group_size=2,
+                longest_replica=100.0, staggered=lambda x: 100.0, residual=Residual([100.0]),
+                responses=4, group_size=2,
                 first_running=8.0, prefill_step_s=0.0, prefill_group_s=0.5, micro_count=1.0,
                 micro_s=3.0, aux_micro_s=3.0, max_rank_s=3.0, overhead_s=1.0,
                 weight_sync_s=0.25, c_roll=2.0, c_roll_in=1.5, c_train=0.5)

@@ -40,7 +40,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bidirl.planner.stages import _drain, _tail
 from bidirl.policy.admission import last_start
+
+PRIMARY, LENT = 0, 1  # the pools a group can run on: a primary replica, a lent trainer unit
+
+
+class _Plan(dict):
+    """Planned starts per pending batch, ``(index, resumed) -> starts``; ``on_lent``: which
+    of them run on borrowed slots (absent: none), ``units`` the borrowed replicas."""
+
+    def __init__(self, units: float = 0.0) -> None:
+        super().__init__()
+        self.units = units
+        self.on_lent: dict[tuple[int, bool], np.ndarray] = {}
 
 
 @dataclass(frozen=True)
@@ -63,7 +76,8 @@ class _Batch:
     last: float = -math.inf  # last group start (committed)
     resume: bool = False  # partial prefixes handed back by reclaimed borrowed replicas
     stall: float = 0.0  # replica-seconds of prefill the handed-back prefixes cost
-    longest: float = 0.0  # resumed part: the longest remaining hold (its batch waits for it)
+    longest: float = 0.0  # resumed part: decode steps the batch's longest response has left
+    left_responses: int = 0  # resumed part: responses handed back
 
 
 class Pipeline:
@@ -85,6 +99,11 @@ class Pipeline:
         # units the policy lends at t = 0, judged on its priors (planner.cold_start);
         # None: judge the first window like every other
         self.first_lend = first_lend
+        # committed group starts: (first, last, responses per replica of the pool, pool)
+        self._chunks: list[tuple[float, float, float, int]] = []
+        self._started: dict[int, _Batch] = {}  # batches whose every group has started
+        self._pools: dict[int, set[int]] = {}  # pools each batch's started groups run on
+        self._resumed: dict[int, list[tuple[_Batch, float]]] = {}  # started handbacks, last start
 
     # -- rollout ------------------------------------------------------------------------
     def _batch_speed(self, busy: float) -> tuple[float, float]:
@@ -142,45 +161,85 @@ class Pipeline:
         return free[order], exp[order]
 
     def _plan(self, free: np.ndarray, pending: list[_Batch], lent: tuple[float, int, float] | None,
-              ) -> tuple[dict[tuple[int, bool], np.ndarray], np.ndarray, np.ndarray | None]:
+              ) -> tuple[_Plan, np.ndarray, np.ndarray | None]:
         """Assign every pending group; ``lent = (from, slots, until)`` adds borrowed slots."""
         free, exp = self._with_borrowed(free, lent)
-        out = {}
+        out = _Plan(units=lent[1] / self.g if lent is not None else 0.0)
         for b in pending:
-            starts, free, exp, _ = self._assign(free, b.admit, b.left, b.tau, exp)
+            starts, free, exp, on_lent = self._assign(free, b.admit, b.left, b.tau, exp)
             out[(b.index, b.resume)] = starts
+            if on_lent is not None and on_lent.any():
+                out.on_lent[(b.index, b.resume)] = on_lent
         return out, free, exp
 
-    def _ready(self, batch: _Batch, starts: np.ndarray) -> float:
-        """The batch's last response ends: its last group start plus the long tail of the
-        responses started over its start window (``stages._tail``).
+    def _pools_of(self, k: int, plan: _Plan) -> set[int]:
+        """The pools (``PRIMARY``, ``LENT``) batch ``k``'s groups run on, started or planned."""
+        pools = set(self._pools.get(k, ()))
+        starts = plan.get((k, False))
+        if starts is not None and len(starts):
+            lent = plan.on_lent.get((k, False))
+            pools |= {PRIMARY} if lent is None else {LENT} | ({PRIMARY} if not lent.all() else set())
+        return pools
 
-        The tail runs at the decode step the batch was admitted with.  (Letting it speed
-        up as the slots empty, which ``d(b) = a + beta b`` says it should, over-predicted
-        by 8-12 %: the responses left in a tail are the long ones, whose KV reads are
-        far above the mean context ``beta`` is priced at.)
-        """
+    def _windows(self, plan: _Plan, pool: int) -> list[tuple[float, float, float]]:
+        """Group starts on one pool, committed and planned: ``(first, last, responses per
+        replica of the pool)``."""
+        size = self.n if pool == PRIMARY else plan.units
+        out = [c[:3] for c in self._chunks if c[3] == pool]
+        if size <= 0:
+            return out
+        n = self.m.group_size / size
+        for key, st in plan.items():
+            if key[1] or not len(st):
+                continue
+            lent = plan.on_lent.get(key)
+            sel = (st if pool == PRIMARY else st[:0]) if lent is None else st[lent if pool == LENT else ~lent]
+            if len(sel):
+                out.append((float(sel[0]), float(sel[-1]), len(sel) * n))
+        return out
+
+    def _ready(self, batch: _Batch, starts: np.ndarray, plan: _Plan) -> float:
+        """The batch's last response ends: its last group start plus the long tail of the
+        responses started over its start window (``stages._tail``), at the load every
+        batch's groups put on a replica of each pool it runs on while it drains."""
         first = min(batch.first, float(starts[0])) if len(starts) else batch.first
         last = float(starts[-1]) if len(starts) else batch.last
-        longest = self.m.staggered(max(0.0, last - first) / batch.step)  # tokens its last response still has
-        return last + batch.step * longest + self.m.prefill_group_s
+        tail = 0.0
+        for pool in self._pools_of(batch.index, plan) or {PRIMARY}:
+            rel = tuple((lo - last, hi - last, n) for lo, hi, n in self._windows(plan, pool))
+            size = self.n if pool == PRIMARY else plan.units
+            tail = max(tail, _tail(self.m, max(0.0, last - first), batch.step, rel, size))
+        return last + tail
 
-    def _ready_of(self, k: int, pending: list[_Batch], plan, done: dict[int, float]) -> float:
+    def _resumed_ready(self, b: _Batch, last: float, plan: _Plan) -> float:
+        """When handed-back prefixes whose last one resumes at ``last`` are done: the
+        batch's longest response has ``b.longest`` decode steps left, run on the primaries
+        at their load (``stages._drain``), which the resumed responses add to."""
+        rel = [(lo - last, hi - last, n) for lo, hi, n in self._windows(plan, PRIMARY)]
+        rel.append((b.first - b.admit, b.last - b.admit, b.left_responses / self.n))
+        return last + _drain(self.m, b.longest, b.step, tuple(rel), self.n)
+
+    def _ready_of(self, k: int, pending: list[_Batch], plan: _Plan) -> float:
         """When batch ``k`` is complete: its own groups and any resumed partial prefixes."""
-        ready = done.get(k, -math.inf)
+        ready = -math.inf
+        if k in self._started:  # its tail still depends on the groups started beside it
+            ready = self._ready(self._started[k], np.empty(0), plan)
+        for b, last in self._resumed.get(k, ()):
+            ready = max(ready, self._resumed_ready(b, last, plan))
         for b in pending:
             if b.index == k:
                 starts = plan[(b.index, b.resume)]
-                ready = max(ready, float(starts[-1]) + b.longest if b.resume
-                            else self._ready(b, starts))
+                ready = max(ready, self._resumed_ready(b, float(starts[-1]), plan) if b.resume
+                            else self._ready(b, starts, plan))
         return ready
 
-    def _chain(self, k: int, pending: list[_Batch], plan, done, c_out: float,
+    def _chain(self, k: int, pending: list[_Batch], plan, c_out: float,
                steps: int) -> float:
         """When the trainer could start the last step whose batch is admitted now:
         ``start(k) = ready(k) + C_out``, ``start(i+1) = max(start(i) + theta + W, ready(i+1))``."""
         m = self.m
-        ready = [self._ready_of(i, pending, plan, done) for i in range(k, min(k + self.s, steps - 1) + 1)]
+        ready = [self._ready_of(i, pending, plan)
+                 for i in range(k, min(k + self.s, steps - 1) + 1)]
         return last_start(ready, m.max_rank_s + m.overhead_s + m.weight_sync_s, c_out)
 
     # -- the recurrence -----------------------------------------------------------------
@@ -188,23 +247,25 @@ class Pipeline:
         m, s = self.m, self.s
         free = np.zeros(self.slots)
         pending: list[_Batch] = []
-        done: dict[int, float] = {}  # ready time of fully started batches
         ends: list[float] = []
         sync_end = 0.0
         lent_windows = aux_steps = 0
         lendable = self.env.borrowable_replicas if lend_roll else 0
+        self._chunks, self._started, self._pools, self._resumed = [], {}, {}, {}
+        hold = m.residual.top * (m.a + m.beta * m.full_running)  # the longest a response runs
         first_batches = min(s + 1, steps)
         for k in range(first_batches):  # all run together: the load of every one of them
             step, tau = self._batch_speed(self.groups * (first_batches - 1))
             pending.append(_Batch(k, 0.0, self.groups, tau, step))
         for k in range(steps):
             t0 = sync_end
+            self._chunks = [c for c in self._chunks if c[1] + hold > t0]  # done decoding
             if k > 0 and k + s < steps:
                 busy = float(np.count_nonzero(free > t0)) + sum(b.left for b in pending)
                 step, tau = self._batch_speed(busy)
                 pending.append(_Batch(k + s, t0, self.groups, tau, step))
             plan, planned, expiry = self._plan(free, pending, None)
-            ready = self._ready_of(k, pending, plan, done)
+            ready = self._ready_of(k, pending, plan)
             lent = None
             c_out = 0.0
             cold = k == 0 and self.first_lend is not None
@@ -216,17 +277,17 @@ class Pipeline:
                 if units > 0:
                     trial = (t0 + m.c_roll_in, units * self.g, math.inf)
                     plan_l, _, _ = self._plan(free, pending, trial)
-                    ready_l = self._ready_of(k, pending, plan_l, done)
+                    ready_l = self._ready_of(k, pending, plan_l)
                     trial = (t0 + m.c_roll_in, units * self.g, ready_l)  # reclaimed then
                     plan_l, planned_l, expiry_l = self._plan(free, pending, trial)
                     c_out_l = m.c_roll - m.c_roll_in
                     # the policy's admission rule: lend only if the last step the borrowed
                     # replicas work for (up to the queue's head) starts earlier
-                    if cold or (self._chain(k, pending, plan_l, done, c_out_l, steps)
-                                < self._chain(k, pending, plan, done, 0.0, steps)):
+                    if cold or (self._chain(k, pending, plan_l, c_out_l, steps)
+                                < self._chain(k, pending, plan, 0.0, steps)):
                         lent, plan, planned, expiry = trial, plan_l, planned_l, expiry_l
                         c_out = c_out_l
-                        ready = self._ready_of(k, pending, plan, done)
+                        ready = self._ready_of(k, pending, plan)
                         lent_windows += 1
             start = max(ready, t0) + c_out
             theta = m.max_rank_s + m.overhead_s
@@ -243,14 +304,14 @@ class Pipeline:
             end = start + theta
             ends.append(end)
             sync_end = end + m.weight_sync_s
-            free, pending = self._commit(free, pending, lent, sync_end, done, plan)
+            free, pending = self._commit(free, pending, lent, sync_end, plan)
         wall = ends[-1]
         lo, hi = min(s + 1, len(ends) - 1), max(0, len(ends) - 1 - s)
         period = (ends[hi] - ends[lo]) / (hi - lo) if hi > lo else wall / len(ends)
         return Timeline(wall, tuple(ends), period, lent_windows, aux_steps)
 
     def _commit(self, free: np.ndarray, pending: list[_Batch], lent, until: float,
-                done: dict[int, float], plan) -> tuple[np.ndarray, list[_Batch]]:
+                plan) -> tuple[np.ndarray, list[_Batch]]:
         """Start, for good, the groups whose planned start is before ``until``.
 
         Groups still running on borrowed slots when the trainer reclaims them go back as
@@ -258,18 +319,25 @@ class Pipeline:
         their batch is ready only when the resumed part is done.
         """
         free, exp = self._with_borrowed(free, lent)
-        keep, resumed = [], []
+        keep, resumed, chunks = [], [], []
+        units = lent[1] / self.g if lent is not None else 0.0
         for b in pending:
             take = b.left if b.resume else int(np.searchsorted(plan[(b.index, False)], until, side="left"))
             if take:
                 st, free, exp, on_lent = self._assign(free, b.admit, take, b.tau, exp)
                 if b.resume:
-                    done[b.index] = max(done.get(b.index, 0.0), float(st[-1]) + b.longest)
+                    self._resumed.setdefault(b.index, []).append((b, float(st[-1])))
                     b.left = 0
                     continue
                 b.first = min(b.first, float(st[0]))
                 b.last = float(st[-1])
                 b.left -= take
+                for pool, sel in ((PRIMARY, st if on_lent is None else st[~on_lent]),
+                                  (LENT, st[:0] if on_lent is None else st[on_lent])):
+                    if len(sel):
+                        size = self.n if pool == PRIMARY else units
+                        chunks.append((float(sel[0]), float(sel[-1]), len(sel) * self.m.group_size / size, pool))
+                        self._pools.setdefault(b.index, set()).add(pool)
                 if on_lent is not None and lent is not None:
                     cut_starts = st[on_lent]
                     cut = cut_starts + b.tau - lent[2]
@@ -280,8 +348,8 @@ class Pipeline:
             if b.left > 0:
                 keep.append(b)
             else:
-                ready = self._ready(b, np.empty(0))
-                done[b.index] = max(done.get(b.index, 0.0), ready)
+                self._started[b.index] = b
+        self._chunks += chunks
         if exp is not None:  # borrowed slots go home
             free = free[np.isinf(exp)]
         stall = sum(r.stall for r in resumed) / max(1, self.n)
@@ -298,5 +366,8 @@ class Pipeline:
             prefix = np.minimum((at - starts) / b.step, self.mean_length)
             n = self.m.group_size
             stall = float(sum(self.prefill_fn(n * (self.prompt_tokens + p)) for p in prefix))
-        return _Batch(b.index, at, len(remaining), float(remaining.mean()), b.step, resume=True,
-                      longest=float(remaining.max()), stall=stall)
+        x = self.m.staggered(max(0.0, b.last - b.first) / b.step)  # the batch's longest, after its last start
+        left = max(0.0, x - (at - b.last) / b.step)
+        return _Batch(b.index, at, len(remaining), float(remaining.mean()), b.step, first=float(starts[0]),
+                      last=float(starts[-1]), resume=True, longest=left, stall=stall,
+                      left_responses=len(remaining) * self.m.group_size)

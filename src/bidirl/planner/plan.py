@@ -149,7 +149,7 @@ def evaluate(ctx: PlanContext, env: Envelope, pipeline: bool = True) -> Candidat
     sized = check_envelope(ctx, env)
     if isinstance(sized, Rejection):
         return sized
-    return Candidate(sized, predict(ctx, sized, pipeline=pipeline))
+    return Candidate(sized, predict(ctx, sized, pipeline=pipeline, screen=not pipeline))
 
 
 def _no_fit_error(ctx: PlanContext, scenario, rejected: list[Rejection]) -> PlanError:

@@ -67,7 +67,17 @@ from bidirl.planner.cold_start import first_window_units
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope
 from bidirl.planner.pipeline import Pipeline, Timeline
-from bidirl.planner.stages import _aux_theta, _feedable, _fluid, _Model, _model, _queue, _running, _tail
+from bidirl.planner.stages import (
+    _aux_theta,
+    _feedable,
+    _fluid,
+    _held_tail,
+    _Model,
+    _model,
+    _queue,
+    _running,
+    _tail,
+)
 
 OPTIONS = ("none", "roll_on_train", "train_on_roll", "both")
 HORIZON_STEPS = 32  # the recurrence follows at most this many steps, then extrapolates
@@ -93,6 +103,7 @@ class Prediction:
     aux_steps: int = 0  # recurrence: steps that used auxiliary trainers
     first_lend: int | None = None  # units the policy lends at t = 0 on its priors (cold_start)
     no_borrow_tokens_per_s: float | None = None  # without borrowing (set in plan's tie band)
+    screen: bool = False  # the screen's closed form (tails held at the steady step)
 
     def to_json(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -112,6 +123,22 @@ class _Steady:
     fluid: float
     queue: float
     step: float
+    replicas: float  # primaries + lent replica-equivalents
+
+
+def _windows(m: _Model, period: float, queue: float, replicas: float, later: bool = True,
+             ) -> tuple[tuple[float, float, float], ...]:
+    """The steady state's group starts around one batch's last start: batch ``k + j``
+    starts over ``[j T - Q, j T]`` (``T`` the period, ``Q`` the queue), for the batches
+    whose responses can overlap its tail; ``later=False``: none admitted after it (the
+    run's last batch); each spread over ``replicas``."""
+    hold = m.residual.top * (m.a + m.beta * m.full_running)
+    span = min(_MAX_OVERLAP, math.ceil(hold / max(period, 1e-9)))
+    js = range(-span, span + 1 if later else 1)
+    return tuple((j * period - queue, j * period, m.responses / replicas) for j in js)
+
+
+_MAX_OVERLAP = 16  # batches on either side of a tail that the steady state follows
 
 
 def _lent_replicas(m: _Model, env: Envelope, s: int, period: float, theta: float) -> float:
@@ -129,7 +156,8 @@ def _lent_replicas(m: _Model, env: Envelope, s: int, period: float, theta: float
     return min(lent * window / period, env.rollout_replicas * share / (1.0 - share))
 
 
-def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _Steady:
+def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float,
+              screen: bool = False) -> _Steady:
     """The right-hand side of the period equation at a trial ``period``."""
     n = float(env.rollout_replicas)
     theta = m.max_rank_s + m.overhead_s
@@ -147,34 +175,44 @@ def _evaluate(m: _Model, env: Envelope, s: int, option: str, period: float) -> _
     # A batch is admitted when a step ends: lent replicas are home then, their running
     # groups handed back, so only the primaries' free group slots take the new batch.
     queue = _queue(m, fluid, min(m.cap, b * n / primaries), primaries)
-    latency = queue + _tail(m, queue, step)
+    latency = queue + (_held_tail(m, queue, step) if screen
+                       else _tail(m, queue, step, _windows(m, period, queue, n), n))
     # The trainer pushes weights after every step before it starts the next: a train-bound
     # period is theta + W, not theta.
     rhs = max(fluid, theta + m.weight_sync_s, (latency + m.weight_sync_s + theta) / (s + 1))
-    return _Steady(rhs, latency, theta, b, fluid, queue, step)
+    return _Steady(rhs, latency, theta, b, fluid, queue, step, n)
 
 
 def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int,
-          end: _Steady | None = None, start_lends: bool = True) -> float:
+          end: _Steady | None = None, start_lends: bool = True, screen: bool = False) -> float:
     """Wall time of ``steps`` steps: the pipeline fill, steady periods, a shorter last tail.
 
     At the start ``s + 1`` batches are admissible and every group slot is free, so batch
     0 queues only for what does not fit; the last batch drains with nothing admitted
-    behind it, so its tail runs at about half the steady load.  ``end``: the steady state
+    behind it, so its tail runs at the load of the batches before it alone.  ``end``: the steady state
     with auxiliary trainers, which a train-bound pipeline gets only at the first step and
     the last ``s`` steps (``predict``).  ``start_lends``: whether the policy, judging on
-    its priors, lends trainer units at ``t = 0`` (``cold_start``).
+    its priors, lends trainer units at ``t = 0`` (``cold_start``).  ``screen``: every
+    tail at the steady state's step (``stages._held_tail``), the planner's cheap screen.
     """
     n = float(env.rollout_replicas)
     if option in ("roll_on_train", "both") and start_lends:
         n += _feedable(m, env, s)  # the trainer idles from the start
     b0 = min(float(m.cap), m.first_running * env.rollout_replicas / n)
     q0 = _queue(m, _fluid(m, n), 0.0, n)
-    first = q0 + _tail(m, q0, m.a + m.beta * b0)
+    together = float(min(s + 1, steps) * m.responses)  # the batches admitted at t = 0
+    if screen:
+        first = q0 + _held_tail(m, q0, m.a + m.beta * b0)
+    else:
+        first = q0 + _tail(m, q0, m.a + m.beta * b0, ((-q0, 0.0, together / n),), n)
     if n > env.rollout_replicas and m.responses / m.group_size > env.rollout_replicas * m.group_slots:
         first += m.c_roll_in  # batch 0 spills onto lent units, which serve only after C_in
-    steady_tail = _tail(m, st.queue, st.step)
-    last_tail = _tail(m, st.queue, m.a + m.beta * st.running / 2)
+    steady_tail = st.latency - st.queue
+    if screen:
+        last_tail = _held_tail(m, st.queue, m.a + m.beta * st.running / 2)
+    else:
+        last_tail = _tail(m, st.queue, st.step, _windows(m, st.period, st.queue, st.replicas, later=False),
+                          st.replicas)
     ending = max(0.0, steady_tail - last_tail) if steps > 1 else 0.0
     if end is None:
         return first + st.theta + (steps - 1) * st.period - ending
@@ -182,24 +220,24 @@ def _wall(m: _Model, env: Envelope, st: _Steady, option: str, steps: int, s: int
     return first + end.theta + (steps - 1 - k) * st.period + k * end.period - ending
 
 
-def _solve(m: _Model, env: Envelope, s: int, option: str) -> _Steady:
+def _solve(m: _Model, env: Envelope, s: int, option: str, screen: bool = False) -> _Steady:
     """Bisection on ``T = f(T)``; ``f`` does not increase with ``T``."""
     lo = 1e-6
-    hi = max(_evaluate(m, env, s, option, lo).period,  # f(lo) >= fixed point
-             _evaluate(m, env, s, "none", 1e9).period)
+    hi = max(_evaluate(m, env, s, option, lo, screen).period,  # f(lo) >= fixed point
+             _evaluate(m, env, s, "none", 1e9, screen).period)
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        if _evaluate(m, env, s, option, mid).period > mid:
+        if _evaluate(m, env, s, option, mid, screen).period > mid:
             lo = mid
         else:
             hi = mid
         if hi - lo < 1e-4 * hi:
             break
-    return _evaluate(m, env, s, option, hi)
+    return _evaluate(m, env, s, option, hi, screen)
 
 
 def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
-            pipeline: bool = True, first_lend: int | None = None) -> Prediction:
+            pipeline: bool = True, first_lend: int | None = None, screen: bool = False) -> Prediction:
     """Predicted throughput of a hot-switch-compatible (sized) envelope.
 
     Each borrowing option in ``options`` is solved; the best predicted throughput wins
@@ -211,13 +249,18 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
     full prediction asks the policy; the closed form alone, when not told, assumes it
     lends at the fill whenever lending pays (the screen's optimistic bound, a
     millisecond per envelope cheaper), and ``with_pipeline`` corrects that.
+
+    ``screen`` (with ``pipeline=False``): the planner's screen, every tail held at the
+    steady state's step (``stages._held_tail``, O(1)) instead of drained at the load of the
+    batches in flight (``stages._tail``, about a millisecond); ``with_pipeline`` redoes
+    it drained.
     """
     lends = bool({"roll_on_train", "both"} & set(options))
     if pipeline and lends and first_lend is None:
         first_lend = first_window_units(ctx, env)
     m = _model(ctx, env)
     s = ctx.staleness
-    solve = cache(lambda option: _solve(m, env, s, option))
+    solve = cache(lambda option: _solve(m, env, s, option, screen))
     base = solve("none")
     best = None
     for option in options:
@@ -228,7 +271,7 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
             # lends, only at the first step (the pipeline fill) and at the last s steps
             # (no batch left to admit); the steady state runs without them.
             st, end = solve(_WITHOUT_AUX[option]), st
-        wall = _wall(m, env, st, option, ctx.steps, s, end, first_lend != 0)
+        wall = _wall(m, env, st, option, ctx.steps, s, end, first_lend != 0, screen)
         if best is None or wall < best[0] * (1 - 1e-9):
             best = (wall, option, st)
     wall, option, st = best
@@ -242,7 +285,7 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
         step_time_s=st.period, wall_s=wall, regime=regime, rollout_s=base.fluid,
         latency_s=st.latency, train_s=st.theta, running_per_replica=st.running,
         weight_sync_s=m.weight_sync_s, no_borrow_step_s=base.period, borrowed=option,
-        first_lend=first_lend if lends else None)
+        first_lend=first_lend if lends else None, screen=screen and not pipeline)
     return with_pipeline(ctx, env, closed, options, m) if pipeline else closed
 
 
@@ -254,6 +297,8 @@ def with_pipeline(ctx: PlanContext, env: Envelope, closed: Prediction,
     asked now, declines it.
     """
     lend_roll = bool({"roll_on_train", "both"} & set(options))
+    if closed.screen:  # the screen's estimate: the closed form with drained tails
+        closed = predict(ctx, env, options, pipeline=False, first_lend=closed.first_lend)
     if closed.first_lend is None and lend_roll:
         first = first_window_units(ctx, env)
         if first == 0 and closed.borrowed in ("roll_on_train", "both"):

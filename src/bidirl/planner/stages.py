@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
 
 from bidirl.perf.stage_models import weight_sync_s
 from bidirl.perf.switch_costs import switch_priors
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope
+from bidirl.planner.residual import Residual
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class _Model:
     tokens: float  # B E[L]: decoded tokens per step
     longest_replica: float  # E[max of B / N_r lengths]
     staggered: object  # x -> E[max_i (L_i - U_i x)] over the B responses of a batch
+    residual: Residual  # tokens responses decode inside a window
     responses: int  # B
     group_size: int
     first_running: float  # sequences per replica in flight when the run starts
@@ -44,6 +49,11 @@ class _Model:
     c_roll: float  # roll_on_train C_in + C_out
     c_roll_in: float  # roll_on_train C_in
     c_train: float  # train_on_roll C_in + C_grad
+
+    @property
+    def full_running(self) -> float:
+        """Sequences a replica runs when every group slot has just been filled."""
+        return float(self.group_slots * self.group_size)
 
 
 def _spans_nodes(start: int, size: int, per_node: int) -> bool:
@@ -78,6 +88,7 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
     w = ctx.cost("weight_sync_s", weight_sync_s(hw, ctx.model, ctx.devices > hw.devices_per_node))
     per_replica = max(1, round(ctx.responses_per_step / env.rollout_replicas))
     c_roll, c_roll_in, c_train = _switch_costs(ctx, env)
+    residual = ctx._cached(("residual", 0), lambda: Residual(L.quantiles))  # one per plan
     group_slots = max(1, env.rollout_concurrency // ctx.group_size)
     return _Model(
         a=a, beta=cc + k * L.running_context,
@@ -85,7 +96,8 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
         group_slots=group_slots,
         tokens=ctx.responses_per_step * L.mean,
         longest_replica=ctx.expected_max(per_replica),
-        staggered=ctx.staggered_max(ctx.responses_per_step), responses=ctx.responses_per_step,
+        staggered=ctx.staggered_max(ctx.responses_per_step), residual=residual,
+        responses=ctx.responses_per_step,
         group_size=ctx.group_size,
         first_running=(ctx.staleness + 1) * ctx.responses_per_step * L.mean
         / (env.rollout_replicas * ctx.expected_max(ctx.responses_per_step)),
@@ -117,10 +129,78 @@ def _queue(m: _Model, fluid: float, running: float, replicas: float) -> float:
     return fluid * min(1.0, max(0.0, (groups - free) / groups))
 
 
-def _tail(m: _Model, queue: float, step: float) -> float:
-    """From the last group's start to the batch's last response: responses started over
-    the ``queue`` window finish ``step * staggered(queue / step)`` after it closes."""
+def _held_tail(m: _Model, queue: float, step: float) -> float:
+    """The closed form's tail: responses started over the ``queue`` window finish
+    ``step * staggered(queue / step)`` after it closes, at the steady state's step (the
+    recurrence, ``pipeline``, drains it instead: ``_tail``)."""
     return step * m.staggered(queue / step) + m.prefill_group_s
+
+
+def _tail(m: _Model, queue: float, step: float,
+          windows: tuple[tuple[float, float, float], ...], replicas: float = 1.0) -> float:
+    """From the last group's start to the batch's last response.
+
+    Its longest response has ``X = staggered(queue / step)`` decode steps left (responses
+    started over the ``queue`` window); each step costs ``a + beta b`` at the replica's
+    running load ``b``, which falls as the batch drains unless other groups refill the
+    slots.  ``b`` over the tail = tokens decoded in it by every batch in flight, per
+    replica, over ``X`` (``residual.Residual``); ``windows``: ``(first, last, responses per
+    replica)``, each batch's group starts in seconds from the last group's start (negative:
+    before it).
+    The batch is complete when the slowest of the ``replicas`` it runs on has drained:
+    their loads are sums of independent lengths, so the slowest decodes ``e_N sigma`` more
+    tokens than the mean (``e_N`` the expected maximum of ``N`` standard normals, ``sigma``
+    from the lengths' coefficient of variation).  The tail is the fixed point
+    ``T = X (a + beta b(T))`` from ``T = X step``: starts before the tail opens become
+    decode steps at ``step`` (the load they ran at), starts inside it at ``T / X``.
+    (Holding the step at its value at admission under-predicted few, wide replicas by up
+    to 14 %: their fixed part ``a`` is large, so a drained step is much shorter.)
+    """
+    return _drain(m, m.staggered(queue / step), step, windows, replicas)
+
+
+def _drain(m: _Model, x: float, step: float, windows: tuple[tuple[float, float, float], ...],
+           replicas: float = 1.0) -> float:
+    """``_tail`` for a longest response with ``x`` decode steps left."""
+    if x <= 0:
+        return m.prefill_group_s
+    spread = _expected_max_normal(replicas) * m.residual.cv
+    lo, hi, n = _split(np.asarray(windows, dtype=float).reshape(-1, 3))
+    past = hi <= 0  # starts before the tail opens: decode steps at ``step``, fixed
+    y = m.residual.in_window(x, lo[past] / step, hi[past] / step)
+    fixed = (float(n[past] @ y), float(n[past] @ (y * y)))
+    later, t = ~past, x * step
+    for _ in range(_TAIL_ITERATIONS if later.any() else 1):
+        sec = t / x  # starts inside the tail: at its mean step
+        y = m.residual.in_window(x, lo[later] / sec, hi[later] / sec)
+        first, second = fixed[0] + float(n[later] @ y), fixed[1] + float(n[later] @ (y * y))
+        tokens = first + spread * math.sqrt(second)  # + the slowest replica's excess
+        t = x * (m.a + m.beta * min(m.full_running, tokens / x))
+    return t + m.prefill_group_s
+
+
+def _split(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Windows ``(first, last, responses)`` as arrays, each window across the tail's
+    opening cut in two at it, its responses shared by its span on either side."""
+    lo, hi, n = w[:, 0], w[:, 1], w[:, 2]
+    across = (lo < 0) & (hi > 0)
+    if not across.any():
+        return lo, hi, n
+    share = -lo[across] / (hi[across] - lo[across])
+    keep = ~across
+    return (np.concatenate((lo[keep], lo[across], np.zeros(len(share)))),
+            np.concatenate((hi[keep], np.zeros(len(share)), hi[across])),
+            np.concatenate((n[keep], n[across] * share, n[across] * (1 - share))))
+
+
+_TAIL_ITERATIONS = 4
+
+
+def _expected_max_normal(n: float) -> float:
+    """``E[max]`` of ``n`` standard normals (Blom's approximation; 0 for one)."""
+    if n <= 1:
+        return 0.0
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
 def _feedable(m: _Model, env: Envelope, s: int) -> int:

@@ -1,0 +1,59 @@
+"""Tokens responses decode inside a window: what sets a replica's load while a batch drains.
+
+The planner's tails (``stages._tail``) need, for every batch in flight beside the one
+that drains, how many tokens its responses still decode before that batch's longest
+response ends.  ``Residual`` answers it in expectation over the length distribution, on
+the planner's quantile grid (``lengths.LengthStats.quantiles``), in O(log K) a window.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Residual:
+    """Tokens a response decodes inside a window, in expectation over the lengths.
+
+    A response that started ``-o`` decode steps before a window of ``X`` steps opens (``o``
+    its start offset, negative before the window) decodes ``R(max(0, -o)) - R(max(0, X - o))``
+    tokens in it, with ``R(u) = E[(L - u)+]`` the tokens left after ``u`` steps.  For
+    starts spread uniformly over ``[o1, o2]`` the mean is a difference of
+    ``H(v) = int_0^v R(max(0, w)) dw`` (``J(u) = E[min(L, u) L - min(L, u)^2 / 2]`` for
+    ``v >= 0``, ``E[L] v`` below), so every window is O(log K) on the quantile grid.
+    """
+
+    def __init__(self, quantiles) -> None:
+        q = np.sort(np.asarray(quantiles, dtype=float))
+        self.q, self.k = q, len(q)
+        self.top = float(q[-1])
+        self.mean = float(q.mean())
+        self.cv = float(q.std() / self.mean) if self.mean > 0 else 0.0  # of one length
+        self._suffix = np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))  # sum of q[i:]
+        self._prefix_sq = np.concatenate(([0.0], np.cumsum(q * q)))  # sum of q[:i]^2
+
+    def left(self, u):
+        """``R(u)``: tokens a response has left after ``u`` decode steps, in expectation
+        (``u`` a number or an array)."""
+        u = np.asarray(u, dtype=float)
+        i = np.searchsorted(self.q, u, side="right")
+        out = (self._suffix[i] - u * (self.k - i)) / self.k
+        return np.where(u <= 0, self.mean, out)
+
+    def _h(self, v: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(self.q, v, side="right")
+        out = (0.5 * self._prefix_sq[i] + v * self._suffix[i] - 0.5 * v * v * (self.k - i)) / self.k
+        return np.where(v <= 0, self.mean * v, out)
+
+    def in_window(self, x: float, o1, o2):
+        """Tokens one response decodes in a window of ``x`` steps when it starts at an offset
+        uniform on ``[o1, o2]`` (steps from the window's opening; negative: before it);
+        ``o1``, ``o2`` numbers or arrays of windows.  It is ``M(0) - M(x)``, ``M(c)`` the
+        mean of ``R(max(0, c - o))``: ``(H(c - o1) - H(c - o2)) / (o2 - o1)``, or
+        ``R(max(0, c - o1))`` for a window of one start."""
+        o1, o2 = np.asarray(o1, dtype=float), np.asarray(o2, dtype=float)
+        width = o2 - o1
+        point = width <= 1e-9 * np.maximum(1.0, np.abs(o2))
+        h = self._h(np.stack((-o1, -o2, x - o1, x - o2)))
+        r = self.left(np.stack((-o1, x - o1)))
+        spread = (h[0] - h[1] - h[2] + h[3]) / np.where(point, 1.0, width)
+        return np.where(point, r[0] - r[1], spread)
