@@ -50,9 +50,10 @@ class RunResult:
     admission: dict[str, int] = field(default_factory=dict)  # admitted / rejected counts
     intervals: list[Interval] = field(default_factory=list, repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
-    # The simulator's bound that also counts the staleness chain (sim/run.py); 0: not computed
-    attainable_tokens_per_s: float = 0.0
-    efficiency_attainable: float = 0.0
+    # The simulator's bound that also counts the staleness chain (sim/run.py); None: not
+    # computed (a real run: its summary says so rather than report a bound of 0)
+    attainable_tokens_per_s: float | None = None
+    efficiency_attainable: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The keys promised by the CLI's ``--json`` (no intervals)."""
