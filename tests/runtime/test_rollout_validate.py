@@ -3,7 +3,7 @@
 The HF model on the same weights is the reference: a greedy validation response is its
 argmax sequence, and a greedy training response interrupted by a validation comes out
 equal to the uninterrupted one, every token still tagged with the engine's version.
-``rollout.top_k`` reaches vLLM's sampling parameters.
+``rollout.top_k`` and ``rollout.min_new_tokens`` reach vLLM's sampling parameters.
 """
 
 from __future__ import annotations
@@ -52,5 +52,14 @@ def test_validation_is_greedy_and_leaves_live_requests_alone(tiny_model_dir):
             done += role.run(10.0, stop_on_finish=False)["finished"]
         _, argmax = score_tokens(reference, add, done[0].token_ids)
         assert done[0].token_ids == argmax
+        # rollout.min_new_tokens reaches vLLM: EOS is masked until the cap, so every response
+        # runs to it (and an EOS token never appears), whatever the weights would have chosen
+        role.top_k, role.min_tokens = -1, 40
+        role.submit([ResponseRequest(4 + i, 0, p, 40, temperature=1.0, seed=i) for i, p in enumerate((add, copy))])
+        done = []
+        while role.running:
+            done += role.run(10.0, stop_on_finish=False)["finished"]
+        assert [len(r.token_ids) for r in done] == [40, 40]
+        assert all(tok.eos_token_id not in r.token_ids for r in done)
     finally:
         role.release()
