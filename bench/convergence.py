@@ -160,7 +160,8 @@ def plot(runs: list[dict], out_png: Path) -> None:
             ax.set_xlabel("step" if j == 0 else "seconds")
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("bidirl train (reverse task, 2 CPU devices): mean and ±1 sd over seeds")
+    lrs = {a for r in runs for a in r["args"] if a.startswith("trainer.lr=")} or {"trainer.lr=default"}
+    fig.suptitle(f"bidirl train (reverse task, 2 CPU devices, {', '.join(sorted(lrs))}): mean and ±1 sd over seeds")
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
 
