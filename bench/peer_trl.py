@@ -112,6 +112,17 @@ def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = Fal
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     times: list[float] = []
+    gen_s: list[float] = []  # seconds in HF generate (the unwrapped model is this object on CPU)
+    generate = model.generate
+
+    def timed_generate(*args, **kw):
+        t = time.perf_counter()
+        try:
+            return generate(*args, **kw)
+        finally:
+            gen_s.append(time.perf_counter() - t)
+
+    model.generate = timed_generate
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
@@ -140,7 +151,7 @@ def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = Fal
     Path(out).write_text(json.dumps({
         "side": "trl", "loop_wall_s": wall, "steps": len(logs), "completion_tokens": completion_tokens,
         "completion_tokens_per_s": completion_tokens / wall, "seconds_per_step": statistics.mean(step_s),
-        "rewards": [h["reward"] for h in logs], "mean_length": lengths}))
+        "rewards": [h["reward"] for h in logs], "mean_length": lengths, "generate_s": gen_s}))
 
 
 def run_trl(model_dir: Path, size: str, steps: int, force: bool, lr: float) -> dict:
@@ -172,13 +183,14 @@ def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool,
             raise RuntimeError(f"bidirl run failed:\n{p.stderr[-4000:]}")
         s = json.loads((run / "summary.json").read_text())
         lines = (run / "metrics.jsonl").read_text().splitlines()
-        lengths = [d["response_length/mean"] for d in map(json.loads, lines)
-                   if "response_length/mean" in d and "critic/score/mean" in d]
+        recs = [json.loads(x) for x in lines]
+        lengths = [d["response_length/mean"] for d in recs if "response_length/mean" in d and "critic/score/mean" in d]
+        gen_s = [d["timing_s/gen"] for d in recs if "timing_s/gen" in d and "critic/score/mean" in d]
     completion_tokens = sum(n * PROMPTS * GROUP for n in lengths)
     return {"side": "bidirl", "policy": policy, "loop_wall_s": s["wall_s"], "steps": s["steps"],
             "completion_tokens": completion_tokens, "completion_tokens_per_s": completion_tokens / s["wall_s"],
             "seconds_per_step": statistics.mean(s["step_times_s"]), "rewards": s["rewards"], "mean_length": lengths,
-            "borrows": s["borrows"]}
+            "borrows": s["borrows"], "gen_s": gen_s}
 
 
 def summarise(pairs: list[dict]) -> dict:
