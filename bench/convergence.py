@@ -34,6 +34,10 @@ POLICIES = {"sync": ["scheduler.policy=sync"], "one-step-off": ["scheduler.polic
             "async": ["scheduler.policy=async"], "bidirl": ["scheduler.policy=bidirl"],
             "async-reproducible": ["scheduler.policy=async", "scheduler.reproducible=true"]}
 
+# Per-step training metrics kept with each run (why a policy learns less shows here).
+DIAGNOSTICS = ("actor/pg_clipfrac", "actor/kl_behaviour", "actor/grad_norm", "actor/entropy",
+               "actor/pg_loss", "response_length/mean")
+
 
 def run_one(policy: str, seed: int, steps: int, val_every: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="bidirl-conv-") as tmp:
@@ -50,7 +54,10 @@ def run_one(policy: str, seed: int, steps: int, val_every: int, extra: list[str]
             raise RuntimeError(f"{policy} seed {seed} failed:\n{out.stderr[-3000:]}")
         s = json.loads((run / "summary.json").read_text())
         lines = (run / "metrics.jsonl").read_text().splitlines()
-        val = [(d["step"], d["val/score/mean"]) for d in map(json.loads, lines) if "val/score/mean" in d]
+        recs = [json.loads(x) for x in lines]
+        val = [(d["step"], d["val/score/mean"]) for d in recs if "val/score/mean" in d]
+        train = [d for d in recs if "actor/pg_clipfrac" in d]
+        diag = {k: [d.get(k) for d in train] for k in DIAGNOSTICS}
     ends, t = [], 0.0
     for dt in s["step_times_s"]:
         t += dt
@@ -58,7 +65,7 @@ def run_one(policy: str, seed: int, steps: int, val_every: int, extra: list[str]
     return {"policy": policy, "seed": seed, "args": args, "date": time.strftime("%Y-%m-%d %H:%M"),
             "process_wall_s": round(wall, 1), "loop_wall_s": s["wall_s"], "rewards": s["rewards"],
             "step_end_s": ends, "val": val, "borrows": s["borrows"], "audit_ok": s["audit_ok"],
-            "load_avg": os.getloadavg()[0]}
+            "load_avg": os.getloadavg()[0], "diagnostics": diag}
 
 
 def load(path: Path) -> list[dict]:
@@ -153,7 +160,8 @@ def plot(runs: list[dict], out_png: Path) -> None:
             ax.set_xlabel("step" if j == 0 else "seconds")
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("bidirl train (reverse task, 2 CPU devices): mean and ±1 sd over seeds")
+    lrs = {a for r in runs for a in r["args"] if a.startswith("trainer.lr=")} or {"trainer.lr=default"}
+    fig.suptitle(f"bidirl train (reverse task, 2 CPU devices, {', '.join(sorted(lrs))}): mean and ±1 sd over seeds")
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
 

@@ -12,10 +12,17 @@ bidirl: its summary's ``wall_s``), not start-up.  Pairs run interleaved (TRL, bi
 
     flock /work/bench.lock nice -n 0 .venv/bin/python bench/peer_trl.py --model-size small --pairs 3 \\
         --json bench/results/peer_trl_small.json
-    ... --model-size large --pairs 3 --steps 20 --json bench/results/peer_trl_large.json
+    ... --model-size large --force-length --pairs 1 --steps 10 --append --json bench/results/peer_trl_large_equal.json
 
 ``--append`` adds pairs to an existing JSON of the same settings (split a long benchmark
-into several locked runs).  ``small`` = 2 layers / hidden 128, 32 new tokens; ``large`` =
+into several locked runs).  Sampling is the same on both sides (temperature 1, top-p 1,
+top-k off, no repetition penalty, the model directory's EOS; its ``generation_config.json``
+names only the special tokens), but what the two learn differs, and so do response lengths
+(on the large model at lr 1e-3 TRL's grew from ~4 to 48 tokens in 3 steps while bidirl's
+stayed ~4), which makes completion tokens/s compare different work: ``--force-length``
+masks EOS until the cap on both sides (HF ``min_new_tokens``, bidirl ``rollout.min_new_tokens``
+= vLLM ``min_tokens``), so every response of both is exactly max-new-tokens long.
+``small`` = 2 layers / hidden 128, 32 new tokens; ``large`` =
 4 layers / hidden 256, 128 new tokens; 8 prompts x 8 responses per step.
 
 TRL's ``datasets`` dependency imports ``xxhash`` (a C extension) for cache fingerprints
@@ -75,7 +82,7 @@ def _xxhash_standin() -> None:
         sys.modules["xxhash"] = types.SimpleNamespace(xxh64=xxh64)
 
 
-def trl_child(model_dir: str, size: str, steps: int, out: str) -> None:
+def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = False, lr: float = LR) -> None:
     """One TRL run in this process (called as ``--trl-child``); writes its figures to ``out``."""
     _xxhash_standin()
     import torch
@@ -99,20 +106,35 @@ def trl_child(model_dir: str, size: str, steps: int, out: str) -> None:
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
         return [task.score(t, g) for t, g in zip(texts, ground_truth, strict=True)]
 
+    max_new = SIZES[size]["max_new_tokens"]
+    # --force-length: EOS masked until the cap (HF's min_new_tokens; bidirl: vLLM's min_tokens).
+    gen_kwargs = {"min_new_tokens": max_new} if force else None
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     times: list[float] = []
+    gen_s: list[float] = []  # seconds in HF generate (the unwrapped model is this object on CPU)
+    generate = model.generate
+
+    def timed_generate(*args, **kw):
+        t = time.perf_counter()
+        try:
+            return generate(*args, **kw)
+        finally:
+            gen_s.append(time.perf_counter() - t)
+
+    model.generate = timed_generate
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             times.append(time.perf_counter())
 
     with tempfile.TemporaryDirectory(prefix="bidirl-trl-") as tmp:
-        cfg = GRPOConfig(output_dir=tmp, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+        cfg = GRPOConfig(output_dir=tmp, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
                          weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
                          per_device_train_batch_size=PROMPTS * GROUP, gradient_accumulation_steps=1,
                          num_generations=GROUP, steps_per_generation=1, num_iterations=1,
-                         max_completion_length=SIZES[size]["max_new_tokens"], temperature=1.0, top_p=1.0,
+                         max_completion_length=max_new, temperature=1.0, top_p=1.0, top_k=0,
+                         generation_kwargs=gen_kwargs,
                          beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
                          max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
                          seed=0, shuffle_dataset=False, disable_tqdm=True, dataloader_num_workers=0,
@@ -129,14 +151,15 @@ def trl_child(model_dir: str, size: str, steps: int, out: str) -> None:
     Path(out).write_text(json.dumps({
         "side": "trl", "loop_wall_s": wall, "steps": len(logs), "completion_tokens": completion_tokens,
         "completion_tokens_per_s": completion_tokens / wall, "seconds_per_step": statistics.mean(step_s),
-        "rewards": [h["reward"] for h in logs], "mean_length": lengths}))
+        "rewards": [h["reward"] for h in logs], "mean_length": lengths, "generate_s": gen_s}))
 
 
-def run_trl(model_dir: Path, size: str, steps: int) -> dict:
+def run_trl(model_dir: Path, size: str, steps: int, force: bool, lr: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="bidirl-trl-out-") as tmp:
         out = Path(tmp) / "trl.json"
         env = dict(os.environ, OMP_NUM_THREADS=str(CORES), TOKENIZERS_PARALLELISM="false")
-        p = subprocess.run([sys.executable, __file__, "--trl-child", str(model_dir), size, str(steps), str(out)],
+        p = subprocess.run([sys.executable, __file__, "--trl-child", str(model_dir), size, str(steps), str(out),
+                            str(int(force)), str(lr)],
                            cwd=ROOT, capture_output=True, text=True, env=env)
         if p.returncode != 0:
             raise RuntimeError(f"TRL run failed:\n{p.stderr[-4000:]}")
@@ -144,12 +167,13 @@ def run_trl(model_dir: Path, size: str, steps: int) -> dict:
 
 
 # -- bidirl -------------------------------------------------------------------------------
-def run_bidirl(model_dir: Path, size: str, steps: int, policy: str) -> dict:
+def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool, lr: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="bidirl-peer-") as tmp:
         run = Path(tmp) / "run"
         args = [f"model.path={model_dir}", "data.task=reverse", "data.seed=0", f"run.steps={steps}",
                 f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}",
-                f"rollout.max_new_tokens={SIZES[size]['max_new_tokens']}", f"trainer.lr={LR}",
+                f"rollout.max_new_tokens={SIZES[size]['max_new_tokens']}", f"trainer.lr={lr}",
+                f"rollout.min_new_tokens={SIZES[size]['max_new_tokens'] if force else 0}",
                 f"scheduler.policy={policy}", "cluster.rollout_devices=1", "cluster.train_devices=1",
                 "run.val_every=0", "run.plot=false", "run.tensorboard=false", "run.checkpoint_every=0"]
         env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
@@ -159,13 +183,14 @@ def run_bidirl(model_dir: Path, size: str, steps: int, policy: str) -> dict:
             raise RuntimeError(f"bidirl run failed:\n{p.stderr[-4000:]}")
         s = json.loads((run / "summary.json").read_text())
         lines = (run / "metrics.jsonl").read_text().splitlines()
-        lengths = [d["response_length/mean"] for d in map(json.loads, lines)
-                   if "response_length/mean" in d and "critic/score/mean" in d]
+        recs = [json.loads(x) for x in lines]
+        lengths = [d["response_length/mean"] for d in recs if "response_length/mean" in d and "critic/score/mean" in d]
+        gen_s = [d["timing_s/gen"] for d in recs if "timing_s/gen" in d and "critic/score/mean" in d]
     completion_tokens = sum(n * PROMPTS * GROUP for n in lengths)
     return {"side": "bidirl", "policy": policy, "loop_wall_s": s["wall_s"], "steps": s["steps"],
             "completion_tokens": completion_tokens, "completion_tokens_per_s": completion_tokens / s["wall_s"],
             "seconds_per_step": statistics.mean(s["step_times_s"]), "rewards": s["rewards"], "mean_length": lengths,
-            "borrows": s["borrows"]}
+            "borrows": s["borrows"], "gen_s": gen_s}
 
 
 def summarise(pairs: list[dict]) -> dict:
@@ -190,19 +215,23 @@ def _last(pairs: list[dict], side: str, k: int = 10) -> float:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--trl-child":
-        trl_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        trl_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6] == "1", float(sys.argv[7]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-size", choices=sorted(SIZES), default="small")
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60, help="training steps per run (both sides)")
     ap.add_argument("--policy", default="bidirl", help="bidirl's scheduling policy")
+    ap.add_argument("--force-length", action="store_true",
+                    help="both sides mask EOS until max new tokens: every response runs to the cap (equal work)")
+    ap.add_argument("--lr", type=float, default=LR, help="learning rate (both sides)")
     ap.add_argument("--json", required=True)
     ap.add_argument("--append", action="store_true", help="add pairs to OUT (same settings)")
     a = ap.parse_args()
     path = Path(a.json)
     settings = {"model_size": a.model_size, **SIZES[a.model_size], "steps": a.steps, "prompts_per_step": PROMPTS,
-                "group_size": GROUP, "lr": LR, "cores": CORES, "policy": a.policy}
+                "group_size": GROUP, "lr": a.lr, "cores": CORES, "policy": a.policy,
+                "force_length": a.force_length}
     pairs = []
     if a.append and path.is_file():
         old = json.loads(path.read_text())
@@ -212,8 +241,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bidirl-peer-model-") as tmp:
         model_dir = build_model(a.model_size, Path(tmp))
         for k in range(a.pairs):
-            trl = run_trl(model_dir, a.model_size, a.steps)
-            ours = run_bidirl(model_dir, a.model_size, a.steps, a.policy)
+            trl = run_trl(model_dir, a.model_size, a.steps, a.force_length, a.lr)
+            ours = run_bidirl(model_dir, a.model_size, a.steps, a.policy, a.force_length, a.lr)
             pairs.append({"trl": trl, "bidirl": ours, "date": time.strftime("%Y-%m-%d %H:%M"),
                           "load_avg": os.getloadavg()[0]})
             print(f"[peer_trl] pair {k + 1}: TRL {trl['completion_tokens_per_s']:.0f} completion tok/s, "

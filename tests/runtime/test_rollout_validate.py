@@ -3,7 +3,7 @@
 The HF model on the same weights is the reference: a greedy validation response is its
 argmax sequence, and a greedy training response interrupted by a validation comes out
 equal to the uninterrupted one, every token still tagged with the engine's version.
-``rollout.top_k`` reaches vLLM's sampling parameters.
+``rollout.top_k`` and ``rollout.min_new_tokens`` reach vLLM's sampling parameters.
 """
 
 from __future__ import annotations
@@ -52,5 +52,21 @@ def test_validation_is_greedy_and_leaves_live_requests_alone(tiny_model_dir):
             done += role.run(10.0, stop_on_finish=False)["finished"]
         _, argmax = score_tokens(reference, add, done[0].token_ids)
         assert done[0].token_ids == argmax
+        # rollout.min_new_tokens reaches vLLM: EOS is masked until the cap, so every response
+        # runs to it and no EOS appears; the same seeds without it end some responses early.
+        def sample(first_id: int) -> list:
+            role.submit([ResponseRequest(first_id + i, 0, add, 120, temperature=2.0, seed=i) for i in range(16)])
+            done = []
+            while role.running:
+                done += role.run(10.0, stop_on_finish=False)["finished"]
+            return done
+
+        role.top_k = -1
+        free = sample(10)
+        assert any(len(r.token_ids) < 120 and r.token_ids[-1] == tok.eos_token_id for r in free)
+        role.min_tokens = 120
+        forced = sample(30)
+        assert [len(r.token_ids) for r in forced] == [120] * 16
+        assert all(tok.eos_token_id not in r.token_ids for r in forced)
     finally:
         role.release()

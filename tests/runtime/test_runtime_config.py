@@ -35,6 +35,8 @@ def test_yaml_then_overrides(tmp_path):
     ("trainer.betas=[0.9,1.0]", "trainer.betas"),
     ("trainer.betas=[0.9", "trainer.betas"),  # not YAML
     ("=3", "=3"),
+    ("rollout.min_new_tokens=17", "rollout.min_new_tokens"),  # over max_new_tokens (16)
+    ("rollout.min_new_tokens=-1", "rollout.min_new_tokens"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError) as e:

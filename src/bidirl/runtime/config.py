@@ -68,6 +68,10 @@ class RolloutConfig:
         None, "a length curriculum: the response cap at step 0, growing linearly to max_new_tokens "
         "at the last step (the bottleneck moves from training to rollout); null: max_new_tokens "
         "throughout", ge=1)
+    min_new_tokens: int = option(
+        0, "EOS is masked until a response has this many tokens (vLLM's min_tokens, HF's "
+        "min_new_tokens); = max_new_tokens: every response runs to the cap (equal work, for "
+        "benchmarks); 0: off; validation is never forced", ge=0, le=4096)
     temperature: float = option(1.0, "sampling temperature", gt=0, le=2)
     top_p: float = option(1.0, "nucleus sampling: keep the smallest set of tokens whose probability "
                           "reaches top_p; 1: off", gt=0, le=1)
@@ -165,6 +169,8 @@ def _check(c: TrainConfig) -> TrainConfig:
     need(not (c.scheduler.reproducible and most is not None and c.scheduler.staleness > most),
          "scheduler.staleness", f"at most {most} with scheduler.policy={c.scheduler.policy} and "
          "scheduler.reproducible=true (the version gap that policy keeps)", c.scheduler.staleness)
+    need(c.rollout.min_new_tokens <= c.rollout.max_new_tokens, "rollout.min_new_tokens",
+         f"at most rollout.max_new_tokens ({c.rollout.max_new_tokens})", c.rollout.min_new_tokens)
     need(c.data.val_max_samples != 0, "data.val_max_samples", "-1 (all) or at least 1", 0)
     if c.run.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("run.wandb: true needs the wandb package, which is not installed "

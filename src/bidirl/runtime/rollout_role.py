@@ -116,16 +116,19 @@ class RolloutRole:
     def __init__(self, model_dir: str, *, max_num_seqs: int = 128, max_model_len: int = 512,
                  dtype: str = "float32", seed: int = 0, device: str = "cpu",
                  kv_cache_bytes: int = 256 << 20, top_p: float = 1.0, top_k: int = -1,
-                 reproducible: bool = False) -> None:
+                 min_tokens: int = 0, reproducible: bool = False) -> None:
         """``reproducible`` (``scheduler.reproducible``): a response whose engine request is
         restarted (a weight update, a validation) starts again from its first token with its
-        own seed, instead of continuing from its tokens so far on a new random stream."""
+        own seed, instead of continuing from its tokens so far on a new random stream.
+        ``min_tokens`` (``rollout.min_new_tokens``): EOS is masked until a training response
+        has that many tokens (capped at its ``max_new_tokens``); validation is not forced."""
         apply_vllm_env()
         from vllm import LLM
 
         self.version = 0
         self.model_dir = model_dir
         self.top_p, self.top_k = top_p, top_k  # rollout.top_p / top_k, for every training request
+        self.min_tokens = min_tokens
         self.reproducible = reproducible
         self._llm = LLM(model=model_dir, dtype=dtype, distributed_executor_backend="uni",
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -422,7 +425,8 @@ class RolloutRole:
         # A restarted response must not replay the random stream that made its prefix.
         seed = r.seed if done == len(r.prefix_ids) else (r.seed * 1_000_003 + done) & 0x7FFFFFFF
         sp = SamplingParams(max_tokens=r.max_new_tokens - done, temperature=r.temperature,
-                            top_p=self.top_p, top_k=self.top_k, logprobs=0, seed=seed)
+                            top_p=self.top_p, top_k=self.top_k, logprobs=0, seed=seed,
+                            min_tokens=max(0, min(self.min_tokens, r.max_new_tokens) - done))
         context = r.prompt_ids + res.token_ids
         self._engine.add_request(rid, {"prompt_token_ids": context}, sp)
         self._live[rid], self._partial[rid], self._base[rid] = r, res, done

@@ -212,7 +212,7 @@ class TrainSession:
                               max_model_len=self.prompt_lengths.max_model_len,
                               dtype=cfg.model.dtype, kv_cache_bytes=cfg.rollout.kv_cache_mb << 20,
                               top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                              reproducible=cfg.scheduler.reproducible)
+                              min_tokens=cfg.rollout.min_new_tokens, reproducible=cfg.scheduler.reproducible)
         from bidirl.engines.trainer_config import NonFiniteStepError, trainer_wire
 
         trainer_config = trainer_wire(cfg.trainer, device=cfg.cluster.device, seed=cfg.run.seed,

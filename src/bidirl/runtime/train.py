@@ -344,8 +344,8 @@ null, a longer ``run.steps`` stretches the rest of the schedule.  Each change is
 in ``RUN_DIR/resume_changes.jsonl``.  Everything else is refused, because the checkpoint
 and the ledger depend on it: group ids and sizes (``rollout.prompts_per_step``,
 ``rollout.group_size``), the prompt sequence and rewards (``data.*``), the samples
-(``rollout.max_new_tokens``, ``max_new_tokens_start``, ``temperature``, ``top_p``,
-``top_k``, ``run.seed``), the staleness bound the audit checks (``scheduler.staleness``),
+(``rollout.max_new_tokens``, ``max_new_tokens_start``, ``min_new_tokens``, ``temperature``,
+``top_p``, ``top_k``, ``run.seed``), the staleness bound the audit checks (``scheduler.staleness``),
 the model (``model.*``) and the directory (``run.run_dir``).
 """
 RESUME_CHANGES = "resume_changes.jsonl"
