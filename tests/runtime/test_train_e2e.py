@@ -72,7 +72,7 @@ def test_async_grpo_end_to_end(tmp_path, real_runtime_available):
     # the figures are the training loop's: the final validation comes after it, counted apart
     end = max((e["ts"] + e["dur"]) / 1e6 for e in trace["traceEvents"] if e.get("ph") == "X")
     last_val = max(e["ts"] / 1e6 for e in trace["traceEvents"] if "validate" in e.get("name", ""))
-    assert summary["final_validation_s"] > 0 and last_val >= summary["wall_s"] - 1e-3
+    assert summary["final_validation_s"] > 0 and last_val >= summary["wall_s"] - 0.006  # wall_s: 2 decimals
     assert summary["wall_s"] + summary["final_validation_s"] == pytest.approx(end, abs=0.01)
     pool_s = summary["extra"]["pool_seconds"]
     assert sum(sum(v.values()) for v in pool_s.values()) == pytest.approx(2 * summary["wall_s"], rel=1e-3)
