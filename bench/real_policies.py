@@ -176,12 +176,15 @@ def summarise(name: str, w: Workload, runs: list[dict]) -> dict:
     ok = [r for r in runs if "error" not in r]
     by = {p: [r for r in ok if r["policy"] == p] for p in POLICIES}
     ratios, bounds = [], []
+    effs: dict[str, list[float]] = {p: [] for p in POLICIES}  # per pair, against the pair's bound
     for i in sorted({r["pair"] for r in ok}):
         a = next((r for r in by["async"] if r["pair"] == i), None)
         b = next((r for r in by["bidirl"] if r["pair"] == i), None)
         if a and b:
             ratios.append(b["tokens_per_s"] / a["tokens_per_s"])
             bounds.append(a["ideal_tokens_per_s"])
+            effs["async"].append(a["tokens_per_s"] / a["ideal_tokens_per_s"])
+            effs["bidirl"].append(b["tokens_per_s"] / a["ideal_tokens_per_s"])
     ideal = statistics.median(bounds) if bounds else None
     policies = {}
     for p, rs in by.items():
@@ -197,7 +200,9 @@ def summarise(name: str, w: Workload, runs: list[dict]) -> dict:
         policies[p] = {
             "tokens_per_s": statistics.median(tps) if tps else None,
             "tokens_per_s_runs": tps,
-            "efficiency": (statistics.median(tps) / ideal) if tps and ideal else None,
+            # within each pair (the machine's speed moves between pairs), then the median
+            "efficiency": statistics.median(effs[p]) if effs[p] else None,
+            "efficiency_per_pair": effs[p],
             "sim_predicted_tokens_per_s": statistics.median(sims) if sims else None,
             "sim_over_real": [r["sim_predicted_tokens_per_s"] / r["tokens_per_s"] for r in rs
                               if r["sim_predicted_tokens_per_s"]],

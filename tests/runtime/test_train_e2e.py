@@ -75,7 +75,7 @@ def test_async_grpo_end_to_end(tmp_path, real_runtime_available):
     assert summary["final_validation_s"] > 0 and last_val >= summary["wall_s"] - 0.006  # wall_s: 2 decimals
     assert summary["wall_s"] + summary["final_validation_s"] == pytest.approx(end, abs=0.01)
     pool_s = summary["extra"]["pool_seconds"]
-    assert sum(sum(v.values()) for v in pool_s.values()) == pytest.approx(2 * summary["wall_s"], rel=1e-3)
+    assert sum(sum(v.values()) for v in pool_s.values()) == pytest.approx(2 * summary["wall_s"], abs=0.011)
     assert (run / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(run.glob("events.out.tfevents.*")), "TensorBoard events written"
     assert (run / "config.yaml").is_file()
