@@ -265,7 +265,8 @@ class TrainSession:
         loop = None  # (time, per-pool tally) when the training loop ended: what the figures count
         try:
             rt.run(should_stop=lambda: self.stopped_at is not None or self.stop.abandon)
-            loop = (rt.now(), rt.clock.tally_at(rt.now()))
+            loop_end = rt.now()
+            loop = (loop_end, rt.clock.tally_at(loop_end))  # one instant for the wall and the tally
             if rt.validator is not None and controller.finished and cfg.run.val_every:
                 rt.validator.final(cfg.run.steps)  # the final weights, before the outputs are written
         except Exception as e:
