@@ -1,3 +1,5 @@
+import pytest
+
 from bidirl.policy import admission, make_policy, policy_names
 from bidirl.policy.batching import pack_micro_batches
 
@@ -33,6 +35,20 @@ def test_micro_batches_keep_sample_order_and_tokens():
     assert sum(mb.tokens for mb in mbs) == sum(10 + x for g in groups for x in g)
     big = pack_micro_batches([(100,)], 0, 50)  # a sample longer than the target
     assert len(big) == 1 and big[0].tokens == 100 and big[0].seq_len == 100
+
+
+def test_micro_batches_are_capped_in_samples_when_asked():
+    """The trainer's micro_batch_size is a cap: short responses under a large token target
+    must not pack a whole batch into one micro-batch (a step of one micro-batch cannot be
+    split with an auxiliary trainer)."""
+    groups = [(4,) * 8] * 8  # 64 samples of 14 tokens, far under the target
+    assert [m.samples for m in pack_micro_batches(groups, 10, 10_000)] == [64]
+    capped = pack_micro_batches(groups, 10, 10_000, max_samples=16)
+    assert [m.samples for m in capped] == [16, 16, 16, 16]
+    assert sum(m.tokens for m in capped) == 64 * 14
+    assert [m.samples for m in pack_micro_batches(groups, 10, 14 * 10, max_samples=16)] == [10] * 6 + [4]
+    with pytest.raises(ValueError, match="max_samples"):
+        pack_micro_batches(groups, 10, 100, max_samples=0)
 
 
 def test_all_seven_policies_are_registered():

@@ -42,6 +42,11 @@ class ClusterSpec:
     steps: int
     micro_batch_tokens: int
     max_response_tokens: int = 8192
+    # Sequences per micro-batch, a cap beside the tokens (the trainer's ``micro_batch_size``);
+    # None: tokens alone.  Without it, responses far shorter than the token target assumed
+    # pack a whole batch into one micro-batch, and a step that is one micro-batch cannot be
+    # split with an auxiliary trainer.
+    micro_batch_samples: int | None = None
     aux_trainers: bool = True  # a rollout unit can hold an auxiliary trainer (memory)
     devices_per_node: int = 8
     prior_scale: float = 1.0  # how far the scheduler's stage-model priors start off

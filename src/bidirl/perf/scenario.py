@@ -140,6 +140,8 @@ class SimKnobs:
     prior_scale: float = option(1.25, "scheduler's models start this far off; calibration fixes it",
                                 ge=0.1, le=10)
     micro_batch_tokens: int = option(16384, "tokens per training micro-batch", ge=16)
+    micro_batch_samples: int | None = option(
+        None, "sequences per training micro-batch, a cap beside micro_batch_tokens (null: tokens alone)", ge=1)
     allow_oversubscribe: bool = option(
         False, "run a split whose roles do not fit in device memory (refused otherwise, with the reason); "
         "for studies of the scheduler alone")

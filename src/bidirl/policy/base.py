@@ -93,11 +93,12 @@ def reclaim_away(s: ClusterState, units: Iterable[int]) -> Iterator[Reclaim]:
 
 
 def batch_micro_batches(s: ClusterState) -> list[MicroBatch]:
-    """Micro-batches of batch ``s.next_step``: its groups in id order, packed by tokens."""
+    """Micro-batches of batch ``s.next_step``: its groups in id order, packed by tokens
+    (and capped in samples where the spec says so)."""
     spec, b = s.spec, s.next_step
     gids = range(b * spec.groups_per_step, (b + 1) * spec.groups_per_step)
     return pack_micro_batches((s.lengths[g] for g in gids), spec.prompt_tokens,
-                              spec.micro_batch_tokens)
+                              spec.micro_batch_tokens, spec.micro_batch_samples)
 
 
 def micro_means(s: ClusterState, mbs: Sequence[MicroBatch]) -> tuple[float, float]:

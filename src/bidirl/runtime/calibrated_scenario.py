@@ -81,6 +81,7 @@ class RunFacts:
     priors: dict[str, list[float]] = field(default_factory=dict)  # the online fits at the end
     rollout_busy_s: float | None = None  # device-seconds the replicas were busy generating
     throughput_tokens_per_s: float | None = None  # what the run measured (for the description)
+    micro_batch_samples: int | None = None  # the trainer's sequences per micro-batch
 
 
 def profile_records(profile) -> list[dict]:
@@ -209,7 +210,8 @@ def scenario_dict(f: RunFacts) -> dict:
         "pools": {"rollout_devices": f.rollout_devices, "train_devices": f.train_devices, "rollout_tp": 1,
                   "train": {"dp": f.train_devices, "tp": 1}},
         "costs": costs,
-        "sim": {"timing_noise_cv": 0.0, "prior_scale": 1.0, "micro_batch_tokens": f.micro_batch_tokens},
+        "sim": {"timing_noise_cv": 0.0, "prior_scale": 1.0, "micro_batch_tokens": f.micro_batch_tokens,
+                **({"micro_batch_samples": f.micro_batch_samples} if f.micro_batch_samples else {})},
         "calibration": cal,
     }
 
@@ -248,7 +250,8 @@ def facts(cfg, rt, intervals=None, wall: float | None = None) -> RunFacts:
         rollout_devices=spec.n_replicas, train_devices=len(spec.train_devices), staleness=spec.staleness,
         seed=cfg.run.seed, steps=len(steps), prompts_per_step=spec.groups_per_step, group_size=spec.group_size,
         prompt_tokens=prompt, max_new_tokens=spec.max_response_tokens, micro_batch_tokens=spec.micro_batch_tokens,
-        replica_cap=spec.replica_cap, profile=profile_records(rt.profile), switches=list(rt.switches),
+        micro_batch_samples=spec.micro_batch_samples, replica_cap=spec.replica_cap,
+        profile=profile_records(rt.profile), switches=list(rt.switches),
         priors={s: list(m.theta) for s, m in est.models.items() if s in STAGES},
         rollout_busy_s=busy, throughput_tokens_per_s=tokens / wall if wall > 0 else None)
 
@@ -303,7 +306,7 @@ def facts_from_run_dir(run_dir: Path) -> RunFacts:
         rollout_devices=spec.n_replicas, train_devices=len(spec.train_devices), staleness=spec.staleness,
         seed=cfg.run.seed, steps=steps, prompts_per_step=spec.groups_per_step, group_size=spec.group_size,
         prompt_tokens=prompt, max_new_tokens=spec.max_response_tokens, micro_batch_tokens=spec.micro_batch_tokens,
-        replica_cap=spec.replica_cap, profile=records,
+        micro_batch_samples=spec.micro_batch_samples, replica_cap=spec.replica_cap, profile=records,
         switches=[(k, s) for k, s in summary.get("switches", [])], rollout_busy_s=busy,
         throughput_tokens_per_s=summary.get("throughput_tokens_per_s"))
 

@@ -148,6 +148,7 @@ def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float, per_node: int
         staleness=cfg.scheduler.staleness,
         steps=steps,
         micro_batch_tokens=cfg.trainer.micro_batch_size * (prompt_tokens + mean_len),
+        micro_batch_samples=cfg.trainer.micro_batch_size,
         max_response_tokens=cfg.rollout.max_new_tokens,
         prior_scale=1.0,
     )

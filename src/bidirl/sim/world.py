@@ -69,7 +69,8 @@ def build(sc: Scenario, allow_oversubscribe: bool = False) -> tuple[ClusterSpec,
         train_dp=p.train.dp, train_tp=p.train.tp,
         replica_cap=max(cap, 1), groups_per_step=w.prompts_per_step, group_size=w.group_size,
         prompt_tokens=w.prompt_tokens, staleness=sc.staleness, steps=sc.steps,
-        micro_batch_tokens=sc.sim.micro_batch_tokens, max_response_tokens=w.response_length.max,
+        micro_batch_tokens=sc.sim.micro_batch_tokens,
+        micro_batch_samples=sc.sim.micro_batch_samples, max_response_tokens=w.response_length.max,
         aux_trainers=fit.aux_fits, prior_scale=sc.sim.prior_scale, hw_profile=hw, model_profile=m,
     )
     return spec, _truth(sc, hw, m), lengths
