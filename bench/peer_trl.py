@@ -47,14 +47,14 @@ SIZES = {"small": {"layers": 2, "hidden": 128, "max_new_tokens": 32},
 PROMPTS, GROUP, LR, CORES = 8, 8, 1e-3, 2
 
 
-def build_model(size: str, out: Path) -> Path:
-    """The tiny model of ``size`` with the 40-step warm start on ``reverse``: both sides' start."""
+def build_model(size: str, out: Path, task: str = "reverse") -> Path:
+    """The tiny model of ``size`` with the 40-step warm start on ``task``: both sides' start."""
     from bidirl.algo.tiny_model import build_tiny_model
     from bidirl.algo.warm_start import warm_start
 
     s = SIZES[size]
     base = build_tiny_model(out / f"tiny-L{s['layers']}-H{s['hidden']}", layers=s["layers"], hidden=s["hidden"])
-    return warm_start(base, out / f"{base.name}-sft-reverse-40", tasks=("reverse",), steps=40, seed=0)
+    return warm_start(base, out / f"{base.name}-sft-{task}-40", tasks=(task,), steps=40, seed=0)
 
 
 # -- TRL ----------------------------------------------------------------------------------
@@ -82,7 +82,8 @@ def _xxhash_standin() -> None:
         sys.modules["xxhash"] = types.SimpleNamespace(xxh64=xxh64)
 
 
-def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = False, lr: float = LR) -> None:
+def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = False, lr: float = LR,
+              task_name: str = "reverse") -> None:
     """One TRL run in this process (called as ``--trl-child``); writes its figures to ``out``."""
     _xxhash_standin()
     import torch
@@ -95,7 +96,7 @@ def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = Fal
     from bidirl.algo.data import PromptCursor
     from bidirl.algo.tasks import get_task
 
-    task = get_task("reverse")
+    task = get_task(task_name)
     # bidirl's prompt order (train.prepare_data's 4096 rows, PromptCursor with data.seed=0).
     cursor = PromptCursor(task.rows(4096, seed=0), seed=0)
     rows = [cursor.next().row for _ in range(PROMPTS * steps)]
@@ -154,12 +155,12 @@ def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = Fal
         "rewards": [h["reward"] for h in logs], "mean_length": lengths, "generate_s": gen_s}))
 
 
-def run_trl(model_dir: Path, size: str, steps: int, force: bool, lr: float) -> dict:
+def run_trl(model_dir: Path, size: str, steps: int, force: bool, lr: float, task: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="bidirl-trl-out-") as tmp:
         out = Path(tmp) / "trl.json"
         env = dict(os.environ, OMP_NUM_THREADS=str(CORES), TOKENIZERS_PARALLELISM="false")
         p = subprocess.run([sys.executable, __file__, "--trl-child", str(model_dir), size, str(steps), str(out),
-                            str(int(force)), str(lr)],
+                            str(int(force)), str(lr), task],
                            cwd=ROOT, capture_output=True, text=True, env=env)
         if p.returncode != 0:
             raise RuntimeError(f"TRL run failed:\n{p.stderr[-4000:]}")
@@ -167,10 +168,10 @@ def run_trl(model_dir: Path, size: str, steps: int, force: bool, lr: float) -> d
 
 
 # -- bidirl -------------------------------------------------------------------------------
-def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool, lr: float) -> dict:
+def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool, lr: float, task: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="bidirl-peer-") as tmp:
         run = Path(tmp) / "run"
-        args = [f"model.path={model_dir}", "data.task=reverse", "data.seed=0", f"run.steps={steps}",
+        args = [f"model.path={model_dir}", f"data.task={task}", "data.seed=0", f"run.steps={steps}",
                 f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}",
                 f"rollout.max_new_tokens={SIZES[size]['max_new_tokens']}", f"trainer.lr={lr}",
                 f"rollout.min_new_tokens={SIZES[size]['max_new_tokens'] if force else 0}",
@@ -191,6 +192,14 @@ def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool,
             "completion_tokens": completion_tokens, "completion_tokens_per_s": completion_tokens / s["wall_s"],
             "seconds_per_step": statistics.mean(s["step_times_s"]), "rewards": s["rewards"], "mean_length": lengths,
             "borrows": s["borrows"], "gen_s": gen_s}
+
+
+def _commit() -> str:
+    """The commit measured (with ``+`` when the work tree differs from it)."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "src", "bench"], capture_output=True, text=True).stdout
+    return head + ("+" if dirty.strip() else "")
 
 
 def summarise(pairs: list[dict]) -> dict:
@@ -215,7 +224,8 @@ def _last(pairs: list[dict], side: str, k: int = 10) -> float:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--trl-child":
-        trl_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6] == "1", float(sys.argv[7]))
+        a = sys.argv
+        trl_child(a[2], a[3], int(a[4]), a[5], a[6] == "1", float(a[7]), a[8])
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-size", choices=sorted(SIZES), default="small")
@@ -225,13 +235,15 @@ def main() -> int:
     ap.add_argument("--force-length", action="store_true",
                     help="both sides mask EOS until max new tokens: every response runs to the cap (equal work)")
     ap.add_argument("--lr", type=float, default=LR, help="learning rate (both sides)")
+    ap.add_argument("--task", default="reverse", choices=("reverse", "reverse_long"),
+                    help="built-in task (prompts, reward, warm start); reverse_long: 16-48 digits, long answers")
     ap.add_argument("--json", required=True)
     ap.add_argument("--append", action="store_true", help="add pairs to OUT (same settings)")
     a = ap.parse_args()
     path = Path(a.json)
     settings = {"model_size": a.model_size, **SIZES[a.model_size], "steps": a.steps, "prompts_per_step": PROMPTS,
                 "group_size": GROUP, "lr": a.lr, "cores": CORES, "policy": a.policy,
-                "force_length": a.force_length}
+                "force_length": a.force_length, **({"task": a.task} if a.task != "reverse" else {})}
     pairs = []
     if a.append and path.is_file():
         old = json.loads(path.read_text())
@@ -239,11 +251,11 @@ def main() -> int:
             raise SystemExit(f"--append: {path} holds other settings: {old['settings']}")
         pairs = old["runs"]
     with tempfile.TemporaryDirectory(prefix="bidirl-peer-model-") as tmp:
-        model_dir = build_model(a.model_size, Path(tmp))
+        model_dir = build_model(a.model_size, Path(tmp), a.task)
         for k in range(a.pairs):
-            trl = run_trl(model_dir, a.model_size, a.steps, a.force_length, a.lr)
-            ours = run_bidirl(model_dir, a.model_size, a.steps, a.policy, a.force_length, a.lr)
-            pairs.append({"trl": trl, "bidirl": ours, "date": time.strftime("%Y-%m-%d %H:%M"),
+            trl = run_trl(model_dir, a.model_size, a.steps, a.force_length, a.lr, a.task)
+            ours = run_bidirl(model_dir, a.model_size, a.steps, a.policy, a.force_length, a.lr, a.task)
+            pairs.append({"trl": trl, "bidirl": ours, "date": time.strftime("%Y-%m-%d %H:%M"), "code": _commit(),
                           "load_avg": os.getloadavg()[0]})
             print(f"[peer_trl] pair {k + 1}: TRL {trl['completion_tokens_per_s']:.0f} completion tok/s, "
                   f"{trl['seconds_per_step']:.2f} s/step; bidirl {ours['completion_tokens_per_s']:.0f} tok/s, "

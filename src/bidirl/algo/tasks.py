@@ -20,7 +20,8 @@ default reward function for any mix of built-in tasks.
 ``reverse`` is ``bidirl train``'s default task: after the 40-step warm start the tiny model
 answers about a third of it right (greedy, partial credit), and GRPO lifts that to ~0.6 in
 300 steps; the best *constant* answer scores under 0.15 (:func:`best_constant_score`), so a
-rising curve is learning, not a fixed answer.  ``add`` is easy to game: ``"9"`` alone earns
+rising curve is learning, not a fixed answer.  ``reverse_long`` reverses 16-48 digits:
+its natural responses are tens of tokens, not the 2-5 of ``reverse``.  ``add`` is easy to game: ``"9"`` alone earns
 ~0.38 of its distance-based partial credit.
 """
 
@@ -141,6 +142,11 @@ def _reverse_pair(rng: random.Random) -> tuple[str, str]:
     return f"reverse {s}", s[::-1]
 
 
+def _reverse_long_pair(rng: random.Random) -> tuple[str, str]:
+    s = _digits(rng, 16, 48)
+    return f"reverse {s}", s[::-1]
+
+
 def _add_pair(rng: random.Random) -> tuple[str, str]:
     a, b = rng.randint(0, 9), rng.randint(0, 9)
     return f"add {a}+{b}", str(a + b)
@@ -148,6 +154,9 @@ def _add_pair(rng: random.Random) -> tuple[str, str]:
 
 COPY = register_task(Task("copy", _copy_pair, sequence_score))
 REVERSE = register_task(Task("reverse", _reverse_pair, sequence_score))
+# Long answers (16-48 digits): responses a warm-started model ends by itself run tens of
+# tokens, so a step has rollout work worth sharing (bench/peer_trl.py --task reverse_long).
+REVERSE_LONG = register_task(Task("reverse_long", _reverse_long_pair, sequence_score))
 ADD = register_task(Task("add", _add_pair, number_score))
 
 
