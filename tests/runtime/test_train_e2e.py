@@ -154,6 +154,13 @@ def test_every_policy_runs_for_real(tmp_path, policy, real_runtime_available):
     assert sorted(r["group"] for r in _ledger(run)) == list(range(3 * 4))
     if policy in ("roll-borrow", "bidirl"):
         assert any(k.startswith("prewarm.roll_on_train") for k, _ in summary["switches"])
+    # every borrow decision is in admissions.jsonl, and they add up to the summary's counts
+    logged = [json.loads(ln) for ln in (run / "admissions.jsonl").read_text().splitlines() if ln]
+    counts = {k: v for k, v in summary["admission"].items() if k != "latest"}
+    assert len(logged) == sum(counts.values())
+    for key, n in counts.items():
+        direction, verdict = key.split(".")
+        assert sum(1 for d in logged if d["direction"] == direction and d["admit"] == (verdict == "admitted")) == n
 
 
 def test_data_parallel_trainer_on_two_devices(tmp_path, real_runtime_available):

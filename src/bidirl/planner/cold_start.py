@@ -33,6 +33,7 @@ def start_spec(ctx: PlanContext, env: Envelope) -> ClusterSpec:
         replica_cap=max(1, env.rollout_concurrency), groups_per_step=ctx.prompts_per_step,
         group_size=ctx.group_size, prompt_tokens=round(ctx.lengths.prompt_tokens),
         staleness=ctx.staleness, steps=ctx.steps, micro_batch_tokens=round(ctx.micro_tokens),
+        micro_batch_samples=ctx.micro_samples,
         max_response_tokens=round(ctx.lengths.max_tokens), prior_scale=ctx.prior_scale,
         hw_profile=ctx.hw, model_profile=ctx.model)
 

@@ -95,7 +95,7 @@ def _check_alignment(ctx: PlanContext, env: Envelope) -> Rejection | None:
 def _trainer(ctx: PlanContext, env: Envelope) -> tuple[MemoryNeed, bool]:
     for sharded in (False, True):
         need = trainer_need(ctx.hw, ctx.model, env.train_dp, env.train_tp, sharded,
-                            ctx.micro_tokens)
+                            ctx.micro_memory_tokens)
         if need.fits:
             return need, sharded
     return need, True
@@ -104,7 +104,7 @@ def _trainer(ctx: PlanContext, env: Envelope) -> tuple[MemoryNeed, bool]:
 def _aux_need(ctx: PlanContext, env: Envelope) -> MemoryNeed:
     """An auxiliary trainer on one lent rollout replica (its ``rollout_tp`` devices)."""
     r = env.rollout_tp
-    return aux_trainer_need(ctx.hw, ctx.model, r, r, ctx.micro_tokens)
+    return aux_trainer_need(ctx.hw, ctx.model, r, r, ctx.micro_memory_tokens)
 
 
 def check_envelope(ctx: PlanContext, env: Envelope) -> Envelope | Rejection:

@@ -29,6 +29,7 @@ class PlanContext:
     micro_tokens: float
     costs: object = None  # the scenario's Costs overrides (None fields keep priors)
     prior_scale: float = 1.0  # how far the scheduler's priors start off (cold_start)
+    micro_samples: int | None = None  # sim.micro_batch_samples: a micro-batch's cap in sequences
     _memo: dict[tuple[str, int], object] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -45,7 +46,24 @@ class PlanContext:
             micro_tokens=float(scenario.sim.micro_batch_tokens),
             costs=scenario.costs,
             prior_scale=scenario.sim.prior_scale,
+            micro_samples=scenario.sim.micro_batch_samples,
         )
+
+    @property
+    def micro_mean_tokens(self) -> float:
+        """Tokens of a typical micro-batch: the token target, or fewer when the sample cap
+        closes it first (mean sample length; what the stage times are priced at)."""
+        if self.micro_samples is None:
+            return self.micro_tokens
+        return min(self.micro_tokens, self.micro_samples * self.lengths.sample_tokens)
+
+    @property
+    def micro_memory_tokens(self) -> float:
+        """Tokens the largest micro-batch can hold (what activation memory is sized for):
+        the token target, or the sample cap at the longest context if that is smaller."""
+        if self.micro_samples is None:
+            return self.micro_tokens
+        return min(self.micro_tokens, self.micro_samples * self.max_context)
 
     @property
     def responses_per_step(self) -> int:

@@ -77,13 +77,14 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
     prefill_group = rm.prefill_s(ctx.group_size * L.prompt_tokens)
     tm = ctx.train_model(env.train_tp)
     tokens = ctx.tokens_per_step
-    full = int(tokens // ctx.micro_tokens)
-    rest = tokens - full * ctx.micro_tokens
-    t_full = tm.microbatch_s(ctx.micro_tokens, L.train_seq_len)
+    micro = ctx.micro_mean_tokens
+    full = int(tokens // micro)
+    rest = tokens - full * micro
+    t_full = tm.microbatch_s(micro, L.train_seq_len)
     t_rest = tm.microbatch_s(rest, L.train_seq_len) if rest > 0 else 0.0
     per_rank = math.ceil((full + (rest > 0)) / env.train_dp)
     max_rank = per_rank * t_full if full >= per_rank else full * t_full + t_rest
-    t_aux = ctx.train_model(env.rollout_tp).microbatch_s(ctx.micro_tokens, L.train_seq_len)
+    t_aux = ctx.train_model(env.rollout_tp).microbatch_s(micro, L.train_seq_len)
     spans = _spans_nodes(env.rollout_devices, env.train_devices, hw.devices_per_node)
     w = ctx.cost("weight_sync_s", weight_sync_s(hw, ctx.model, ctx.devices > hw.devices_per_node))
     per_replica = max(1, round(ctx.responses_per_step / env.rollout_replicas))

@@ -72,6 +72,18 @@ def _admission_summary(decisions: list) -> dict:
                        for d in decisions[-20:]], **admission_counts(decisions)}
 
 
+def write_admissions(path: Path, decisions: list) -> None:
+    """Every borrow decision of the run, one JSON line each, in decision order: when, which
+    direction, how many units, the predicted benefit and cost, the doubt (margin) and the
+    verdict.  ``summary.json`` keeps only the counts and the last 20; this is what answers
+    "why did it not borrow here?" after the fact."""
+    with path.open("w") as f:
+        for d in decisions:
+            f.write(json.dumps({"t": round(d.t, 4), "direction": d.direction, "units": d.units,
+                                "benefit_s": round(d.benefit_s, 5), "cost_s": round(d.cost_s, 5),
+                                "margin_s": round(d.margin_s, 5), "admit": d.admit, "guided": d.guided}) + "\n")
+
+
 class TrainSession:
     def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool = False, wrap_backend=None) -> None:
         """``wrap_backend(backend, spec) -> backend`` lets tests inject faults around the
@@ -293,6 +305,7 @@ class TrainSession:
         if not finished:
             summary["stopped"] = self._stop_record(failed)
         reporter.finish(summary, intervals, final_step=cfg.run.steps if finished else self.boundary)
+        write_admissions(self.run_dir / "admissions.jsonl", controller.state.admissions)
         from bidirl.runtime import calibrated_scenario  # RUN_DIR/scenario.yaml: this run, for the simulator
 
         calibrated_scenario.write(self.run_dir, cfg, rt, intervals, wall=loop_wall)
