@@ -40,8 +40,8 @@ def measurements(run: Path) -> list[tuple[str, tuple[float, ...], float]]:
         e = json.loads(line)
         if e["event"] == "StageMeasured":
             out.append((e["stage"], tuple(e["features"]), e["seconds"]))
-        elif e["event"] == "WeightsSynced":
-            out.append(("weight_sync", (1.0,), e["seconds"]))
+        elif e["event"] == "WeightsSynced":  # as ClusterState._on_synced: the devices' load when timed
+            out.append(("weight_sync", (1.0,), e["seconds"] if e.get("load_s") is None else e["load_s"]))
     return out
 
 

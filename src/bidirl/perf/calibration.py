@@ -135,7 +135,11 @@ class LinearTimeModel:
         err = abs(pred - measured_s) / measured_s
         self.errors.append(err)
         scale = self.scale()
-        if base > 0:  # one wild measurement moves the drift by at most a factor e ** DRIFT_ALPHA
+        # One wild measurement moves the drift by at most a factor e ** DRIFT_ALPHA.  The
+        # residuals of a cold start (against the prior, then against a fit of two or three
+        # measurements) say how far off the prior was, not how fast the machine runs now:
+        # the drift learns from residuals against a fit of WARMUP measurements or more.
+        if base > 0 and self.observations >= WARMUP:
             self._track(max(-1.0, min(1.0, math.log(measured_s / base))))
         w = self._huber(err, scale)
         self.downweighted += w < 1.0

@@ -19,6 +19,12 @@ POLL_TIMEOUT_S = 2.0  # a poll returns earlier when anything finished; this only
 # runs dry): the stage model predicts seconds of decoding, not one step, and a sum over many
 # steps is what the simulator reports too.  The model is linear, so summing loses nothing.
 DECODE_SAMPLE_S = 0.25
+# Decode measurements before a prefill burst's decode work is the decode model's prediction
+# (before that, the step before the burst stands in for it: the prior can be far off).
+PREFILL_DECODE_WARM = 2
+# A profile record (no model learns it) of a prefill burst as measured: features (tokens,
+# seconds beyond the last decode step, steps, running batch, context tokens), its seconds.
+PREFILL_BURST = "prefill_burst"
 
 
 class RolloutDriver:
@@ -112,9 +118,12 @@ class RolloutDriver:
 
     def _measured(self, u: int, out: dict) -> None:
         ex = self.ex
-        for tokens, secs in out.get("prefills", []):
-            if tokens > 0:
-                ex.deliver(StageMeasured("prefill", (1.0, float(tokens)), secs))
+        for burst in out.get("prefills", []):
+            if burst[0] > 0:
+                if len(burst) >= 6:  # the raw burst, for the profile only (bench/stage_model_errors.py)
+                    ex.profile.append((ex.now(), StageMeasured(PREFILL_BURST, tuple(map(float, burst[:5])),
+                                                               float(burst[5]))))
+                ex.deliver(StageMeasured("prefill", (1.0, float(burst[0])), self.prefill_seconds(burst)))
         m, acc = out["measurements"], self.decode_sum[u]
         if m:
             ex.last_work_s[ex.unit_device(u)] = max(x for _, _, x in m)
@@ -125,6 +134,24 @@ class RolloutDriver:
         if acc[3] >= DECODE_SAMPLE_S or (acc[0] and not out.get("running", 1)):
             ex.deliver(StageMeasured("decode", (acc[0], acc[1], acc[2]), acc[3]))
             self.decode_sum[u] = [0.0, 0.0, 0.0, 0.0]
+
+    def prefill_seconds(self, burst: tuple) -> float:
+        """A prefill burst's time beyond its steps' decode work.
+
+        ``burst``: ``(tokens, seconds beyond the last decode step)``, or with the burst's
+        ``(steps, running batch, context tokens, seconds)`` after them
+        (``RolloutRole.poll``).  With those, and a decode model that has measured, the
+        decode work its steps carried is the decode model's prediction of it (the same
+        prediction the scheduler makes), not one step's measured time: a single decode step
+        on a shared CPU scatters as much as the prefill it is taken from, and a burst that
+        decoded nothing still paid each step's fixed cost, which the last step's time did not
+        take off.  Never below zero.
+        """
+        decode = self.ex.controller.state.est.rollout.decode
+        if len(burst) < 6 or decode.observations < PREFILL_DECODE_WARM:
+            return burst[1]
+        steps, batch, ctx, secs = burst[2:6]
+        return max(0.0, secs - decode.predict((float(steps), float(batch), float(ctx))))
 
     def _completed(self, u: int, gids: list[int]) -> GroupsCompleted:
         store, now = self.ex.job.store, self.ex.now()

@@ -11,8 +11,10 @@ step to a waiting control call, so a reclaim takes effect within one decode step
 Each decode step is timed with the features of the decode-step model (running batch,
 context tokens).  Steps that prefill (new requests, or every live one re-submitted after a
 weight update, which vLLM may cut into several chunked-prefill steps) are not decode
-steps: each such burst is reported as one prefill measurement, its prompt tokens and the
-time it took beyond the decode step the engine would have run anyway.
+steps: each such burst is reported as one prefill measurement: its prompt tokens, the
+time it took beyond the decode step before it, and its whole steps with the decode work
+they carried (steps, running batch, context tokens), so that the driver can take off the
+decode model's prediction of that work instead of one noisy step's time.
 
 Every generated token is tagged with the policy version the engine held when the token
 was produced; a resumed response keeps its prefix's tokens, log-probs and versions, so
@@ -145,7 +147,9 @@ class RolloutRole:
         self._base: dict[str, int] = {}  # response tokens before the engine request started
         self._restarts = 0
         self._unprefilled: dict[str, int] = {}  # live requests without a token yet: context tokens
-        self._burst = [0, 0.0]  # the prefill burst in progress: tokens prefilled, seconds beyond decode
+        # The prefill burst in progress: tokens prefilled, seconds beyond the last decode step,
+        # its steps, their summed running batch and context (decode work), their seconds.
+        self._burst = [0, 0.0, 0, 0, 0, 0.0]
         self._decode_step_s = 0.0  # the last pure decode step
         self._max_seqs = max_num_seqs
         # The outbox poll drains, and what guards it and the engine (see the module doc).
@@ -185,8 +189,9 @@ class RolloutRole:
         Returns at once when something finished, when nothing is live, or when a control
         call arrived (so the driver's calls queued behind this one are not held up).
         ``measurements`` holds ``(batch, context_tokens, seconds)`` per decode step since
-        the last poll, ``prefills`` ``(prompt_tokens, seconds)`` per prefill burst (the
-        seconds beyond the decode work of its steps).
+        the last poll, ``prefills`` ``(prompt_tokens, seconds beyond the last decode step,
+        steps, batch, context_tokens, seconds)`` per prefill burst (batch and context: the
+        requests past their prefill that its steps decoded, summed over its steps).
         """
         deadline = time.perf_counter() + timeout_s
         with self._cv:
@@ -252,13 +257,17 @@ class RolloutRole:
         computed by the old weights, so each one is re-submitted as ``prompt + tokens so far``
         with the rest of its budget (one re-prefill each), and its later tokens and log-probs
         are those of the new weights alone.
+
+        Returns the seconds the load took here, from the end of the decode step in progress
+        (a wait, not part of the sync) to the engine holding the new weights: the weight-sync
+        model's measurement (``WeightsSynced.load_s``).
         """
         import torch
 
-        t0 = time.perf_counter()
         tensors = ((k, torch.from_numpy(v.copy() if not v.flags.writeable else v))
                    for k, v in named_arrays.items())
         with self._control():
+            t0 = time.perf_counter()  # the load alone: not the wait for the step in progress
             self._llm.collective_rpc("reload_weights",
                                      kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
             if self._tied_cpu_head:
@@ -406,11 +415,16 @@ class RolloutRole:
                         if res is not None:
                             self._finished.append(res)
                     if prefilling:  # see the module docstring: a burst, not a decode step
-                        self._burst[0] += sum(n for rid, n in left.items() if rid not in self._unprefilled)
-                        self._burst[1] += max(0.0, took - (self._decode_step_s if decoding else 0.0))
+                        b = self._burst
+                        b[0] += sum(n for rid, n in left.items() if rid not in self._unprefilled)
+                        b[1] += max(0.0, took - (self._decode_step_s if decoding else 0.0))
+                        b[2] += 1
+                        b[3] += batch
+                        b[4] += ctx
+                        b[5] += took
                         if not self._unprefilled or len(self._live) - len(self._unprefilled) >= self._max_seqs:
-                            self._prefills.append((self._burst[0], self._burst[1]))
-                            self._burst = [0, 0.0]
+                            self._prefills.append(tuple(b))
+                            self._burst = [0, 0.0, 0, 0, 0, 0.0]
                     else:
                         self._measurements.append((batch, ctx, took))
                         self._decode_step_s = took
