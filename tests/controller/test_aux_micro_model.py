@@ -22,7 +22,7 @@ def test_it_predicts_from_the_primary_until_it_has_measured_its_own():
     x = (1.0, 400.0, 0.0)
     assert aux.predict(x) == pytest.approx(own.predict(x))  # a cold primary: nothing better
     primary.observe(x, 0.1)  # one measurement calibrates the primary's scale: already better than a prior
-    assert aux.borrowing() and aux.predict(x) == pytest.approx(0.5 * primary.fit_s(x))
+    assert aux.borrowing() and aux.predict(x) == pytest.approx(0.5 * primary.predict(x))
     for _ in range(AUX_WARM_MEASUREMENTS - 1):
         aux.observe(x, 0.05)
         assert aux.borrowing()

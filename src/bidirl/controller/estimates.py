@@ -38,8 +38,10 @@ class AuxMicroModel:
     better guess than the roofline prior (which sized the first real shares several-fold
     off), and it stays the better one while the auxiliary has a handful of measurements of
     its own (1-12 a run on this machine's real runs): a three-coefficient fit of so few
-    scatters far more than the one ratio ``measured / (primary's fit x scale)``, learned as
-    the median of their logarithms, pulled toward 1 while there are few.  Both candidates
+    scatters far more than the one ratio ``measured / (primary's prediction x scale)``,
+    learned as the median of their logarithms, pulled toward 1 while there are few.  The
+    primary's prediction includes its drift: on a shared machine a slow spell slows every
+    core, the auxiliary's too.  Both candidates
     are scored on every measurement before it is learned; the one with the lower recent
     median error predicts (the primary's until the auxiliary has ``warm`` measurements).
     The rule lives here, not in a policy, so that the error this model reports is the
@@ -63,7 +65,7 @@ class AuxMicroModel:
         return math.exp(median(self._log_ratio) * n / (n + 1)) if n else 1.0
 
     def _from_primary(self, x) -> float:
-        return self.primary.fit_s(x) * self.scale * self.ratio()
+        return self.primary.predict(x) * self.scale * self.ratio()
 
     def borrowing(self) -> bool:
         """Whether predictions come from the primary's model (times the learned ratio)."""
@@ -80,7 +82,7 @@ class AuxMicroModel:
         if measured_s <= 0:
             return 0.0
         used = self.predict(x)
-        base = self.primary.fit_s(x) * self.scale if self.primary.observations else 0.0
+        base = self.primary.predict(x) * self.scale if self.primary.observations else 0.0
         if base > 0:
             self._err_from_primary.append(abs(self._from_primary(x) - measured_s) / measured_s)
             self._log_ratio.append(math.log(measured_s / base))

@@ -69,6 +69,7 @@ WARMUP = 8  # measurements before any is down-weighted (no scale to judge by yet
 _MAD = 0.6745  # median |N(0, 1)|: median absolute error / _MAD estimates the noise's sigma
 DRIFT_ALPHA = 0.5  # EMA gain of the recent log residuals (the machine's speed right now)
 DRIFT_FORGET = 0.99  # memory of the regression that says how far the recent residuals carry
+DRIFT_AFTER = WARMUP  # measurements in the fit before its residuals teach the drift
 
 
 @dataclass
@@ -139,7 +140,7 @@ class LinearTimeModel:
         # residuals of a cold start (against the prior, then against a fit of two or three
         # measurements) say how far off the prior was, not how fast the machine runs now:
         # the drift learns from residuals against a fit of WARMUP measurements or more.
-        if base > 0 and self.observations >= WARMUP:
+        if base > 0 and self.observations >= DRIFT_AFTER:
             self._track(max(-1.0, min(1.0, math.log(measured_s / base))))
         w = self._huber(err, scale)
         self.downweighted += w < 1.0
