@@ -11,7 +11,7 @@ from fake_run import run_fake
 
 from bidirl.controller.events import StageMeasured, WeightsSynced
 from bidirl.perf.calibration import LinearTimeModel
-from bidirl.runtime.rollout_driver import PREFILL_BURST, PREFILL_DECODE_WARM, RolloutDriver
+from bidirl.runtime.rollout_driver import DECODE_SAMPLE_S, PREFILL_BURST, PREFILL_DECODE_WARM, RolloutDriver
 
 
 def test_the_weight_sync_model_learns_the_devices_load_not_the_drivers_wait():
@@ -68,3 +68,15 @@ def test_before_decode_has_measured_the_last_step_stands_in():
     drv = _driver(cold)
     assert drv.prefill_seconds((40, 0.004, 1, 3, 3000, 0.009)) == 0.004
     assert drv.prefill_seconds((40, 0.004)) == 0.004  # a runtime that reports the short form
+
+
+def test_decode_is_measured_in_sums_of_at_least_the_sample_length():
+    """A replica that runs dry or is lent carries its last few steps over to its next sum:
+    no decode measurement is a remainder of a few (noisy) steps; what a unit still holds at
+    the end is less than one sum."""
+    run = run_fake("bidirl", steps=6)
+    ex = run.executor
+    dec = [ev for _, ev in ex.profile if isinstance(ev, StageMeasured) and ev.stage == "decode"]
+    assert dec and all(ev.seconds >= DECODE_SAMPLE_S for ev in dec)
+    assert all(acc[3] < DECODE_SAMPLE_S for acc in ex.rollout.decode_sum)
+    assert ex.controller.state.est.models["decode"].observations == len(dec)

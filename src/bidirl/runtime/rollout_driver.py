@@ -15,9 +15,12 @@ from bidirl.controller.state import Phase
 from bidirl.core.ledger import Role
 
 POLL_TIMEOUT_S = 2.0  # a poll returns earlier when anything finished; this only bounds a quiet wait
-# Decode steps are summed into one measurement of at least this long (or until the replica
-# runs dry): the stage model predicts seconds of decoding, not one step, and a sum over many
-# steps is what the simulator reports too.  The model is linear, so summing loses nothing.
+# Decode steps are summed into one measurement of at least this long: the stage model
+# predicts seconds of decoding, not one step, and a sum over many steps is what the
+# simulator reports too.  The model is linear, so summing loses nothing, and a replica that
+# ran dry (or was lent) carries its few steps over to the next sum rather than report them
+# alone: one step on a shared CPU scatters several-fold (8 ms to 41 ms for the same batch
+# in one run), and such remainders were a tenth of a run's decode measurements.
 DECODE_SAMPLE_S = 0.25
 # Decode measurements before a prefill burst's decode work is the decode model's prediction
 # (before that, the step before the burst stands in for it: the prior can be far off).
@@ -131,7 +134,7 @@ class RolloutDriver:
             acc[1] += sum(b for b, _, _ in m)
             acc[2] += sum(c for _, c, _ in m)
             acc[3] += sum(s for _, _, s in m)
-        if acc[3] >= DECODE_SAMPLE_S or (acc[0] and not out.get("running", 1)):
+        if acc[3] >= DECODE_SAMPLE_S:
             ex.deliver(StageMeasured("decode", (acc[0], acc[1], acc[2]), acc[3]))
             self.decode_sum[u] = [0.0, 0.0, 0.0, 0.0]
 
@@ -206,11 +209,7 @@ class RolloutDriver:
 
     def _hand_back(self, u: int) -> None:
         ex, store = self.ex, self.ex.job.store
-        self.running[u], self.run_handle[u] = 0, None
-        acc = self.decode_sum[u]
-        if acc[0]:
-            ex.deliver(StageMeasured("decode", tuple(acc[:3]), acc[3]))
-            self.decode_sum[u] = [0.0, 0.0, 0.0, 0.0]
+        self.running[u], self.run_handle[u] = 0, None  # its decode steps so far stay in its sum
         gids = sorted(g for g in self.groups[u] if not store.groups[g].complete)
         self.groups[u].clear()
         if gids:
