@@ -7,6 +7,9 @@ and prints per stage:
 - ``online``: the median out-of-sample error, as the run reported it (the replay
   reproduces ``summary.json``'s ``stage_model_median_error``; a mismatch is flagged);
 - ``steady``: the same over the second half of the run's measurements (after the cold start);
+- ``weight_sync/driver``, ``prefill/last`` (floor only): the same stages as they were
+  measured before the devices timed the weight load and before a prefill was taken off its
+  steps' predicted decode work (the driver's wall; the time beyond the last decode step);
 - ``floor``: the median error of the *best fixed fit* of the same features over the whole
   run, fitted after the fact on every measurement (least squares on relative error): no
   model of this form, however it learns, does much better on these measurements; what is
@@ -42,6 +45,22 @@ def measurements(run: Path) -> list[tuple[str, tuple[float, ...], float]]:
             out.append((e["stage"], tuple(e["features"]), e["seconds"]))
         elif e["event"] == "WeightsSynced":  # as ClusterState._on_synced: the devices' load when timed
             out.append(("weight_sync", (1.0,), e["seconds"] if e.get("load_s") is None else e["load_s"]))
+    return out
+
+
+def alternatives(run: Path) -> dict[str, list[tuple[tuple[float, ...], float]]]:
+    """The older measurements of the same stages, where the profile keeps them: a weight
+    sync as the driver timed it (issue to last replica done) when the devices timed their
+    load, and a prefill as its burst's time beyond the decode step before it
+    (``prefill_burst`` records).  Only their floor is printed: what a fixed fit could do on
+    them, beside the floor of what the models learn now."""
+    out: dict[str, list] = {}
+    for line in (run / "profile.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e["event"] == "WeightsSynced" and e.get("load_s") is not None:
+            out.setdefault("weight_sync/driver", []).append(((1.0,), e["seconds"]))
+        elif e["event"] == "StageMeasured" and e["stage"] == "prefill_burst":
+            out.setdefault("prefill/last", []).append(((1.0, e["features"][0]), e["features"][1]))
     return out
 
 
@@ -85,6 +104,9 @@ def analyse(run: Path) -> dict:
         out[stage] = {"n": len(e), "online": online, "steady": statistics.median(e[len(e) // 2:]),
                       "floor": floor(rows[stage]),
                       "reported": rep, "replay_matches": rep is None or abs(rep - online) < 1e-9}
+    for stage, rows_ in alternatives(run).items():
+        out[stage] = {"n": len(rows_), "online": None, "steady": None, "floor": floor(rows_),
+                      "reported": None, "replay_matches": True}
     return {"run": str(run), "policy": cfg.scheduler.policy, "stages": out}
 
 
@@ -99,13 +121,12 @@ def main() -> int:
         if not (run / "profile.jsonl").is_file() or not (run / "config.yaml").is_file():
             ap.error(f"{run}: not a run directory (needs profile.jsonl and config.yaml)")
         results.append(analyse(run))
-    print(f"{'run':<28}{'stage':<13}{'n':>5}{'online':>8}{'steady':>8}{'floor':>8}")
+    print(f"{'run':<28}{'stage':<19}{'n':>5}{'online':>8}{'steady':>8}{'floor':>8}")
     for res in results:
         for stage, f in res["stages"].items():
             flag = "" if f["replay_matches"] else "  (replay != summary)"
-            fl = "-" if f["floor"] is None else f"{f['floor']:.3f}"
-            print(f"{Path(res['run']).name[:27]:<28}{stage:<13}{f['n']:>5}{f['online']:>8.3f}"
-                  f"{f['steady']:>8.3f}{fl:>8}{flag}")
+            fl, on, st = (("-" if f[k] is None else f"{f[k]:.3f}") for k in ("floor", "online", "steady"))
+            print(f"{Path(res['run']).name[:27]:<28}{stage:<19}{f['n']:>5}{on:>8}{st:>8}{fl:>8}{flag}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1))
