@@ -35,13 +35,17 @@ from bidirl.controller.estimates import Estimates
 from bidirl.runtime.config import load_config
 from bidirl.runtime.placement import build_spec
 
+PREWARM = "weight_sync/prewarm"
+
 
 def measurements(run: Path) -> list[tuple[str, tuple[float, ...], float]]:
     """(stage, features, seconds) in the order the run's scheduler observed them."""
     out = []
     for line in (run / "profile.jsonl").read_text().splitlines():
         e = json.loads(line)
-        if e["event"] == "StageMeasured":
+        if e["event"] == "StageMeasured" and e["stage"] == "weight_sync":  # start-up's, unscored
+            out.append((PREWARM, tuple(e["features"]), e["seconds"]))
+        elif e["event"] == "StageMeasured":
             out.append((e["stage"], tuple(e["features"]), e["seconds"]))
         elif e["event"] == "WeightsSynced":  # as ClusterState._on_synced: the devices' load when timed
             out.append(("weight_sync", (1.0,), e["seconds"] if e.get("load_s") is None else e["load_s"]))
@@ -89,6 +93,9 @@ def analyse(run: Path) -> dict:
     rows: dict[str, list] = {}
     errs: dict[str, list[float]] = {}
     for stage, x, s in measurements(run):
+        if stage == PREWARM:  # as runtime/session.py: learned, not scored (no prediction used it)
+            est.models["weight_sync"].observe(x, s, scored=False)
+            continue
         if stage not in est.models:
             continue
         errs.setdefault(stage, []).append(est.models[stage].observe(x, s))

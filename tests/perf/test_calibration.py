@@ -119,3 +119,14 @@ def test_a_cold_start_is_not_mistaken_for_a_slow_machine():
             model.observe((1.0,), rng.lognormvariate(0, 0.03))
             assert model.drift == 1.0
             assert model.predict((1.0,)) == model.fit_s((1.0,))
+
+
+def test_an_unscored_measurement_is_learned_but_not_counted_as_an_error():
+    """A start-up calibration (prewarm's weight load) was predicted by nobody: the model
+    learns it, and its error against the prior joins neither the reported errors nor the
+    robust scale; the next prediction is scored as usual."""
+    model = LinearTimeModel("weight_sync", (0.2,))  # a roofline prior 7x too slow
+    model.observe((1.0,), 0.03, scored=False)
+    assert model.predict((1.0,)) == pytest.approx(0.03, rel=0.05)
+    assert model.median_rel_error() is None and model.recent_rel_error() is None
+    assert model.observe((1.0,), 0.031) < 0.05 and model.median_rel_error() < 0.05
