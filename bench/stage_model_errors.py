@@ -7,9 +7,10 @@ and prints per stage:
 - ``online``: the median out-of-sample error, as the run reported it (the replay
   reproduces ``summary.json``'s ``stage_model_median_error``; a mismatch is flagged);
 - ``steady``: the same over the second half of the run's measurements (after the cold start);
-- ``weight_sync/driver``, ``prefill/last`` (floor only): the same stages as they were
-  measured before the devices timed the weight load and before a prefill was taken off its
-  steps' predicted decode work (the driver's wall; the time beyond the last decode step);
+- ``weight_sync/driver``, ``prefill/last``: the same stages as they were measured before the
+  devices timed the weight load and before a prefill was taken off its steps' predicted
+  decode work (the driver's wall; the time beyond the last decode step), through a fresh
+  model of the stage: the older measurement's errors on the same run;
 - ``floor``: the median error of the *best fixed fit* of the same features over the whole
   run, fitted after the fact on every measurement (least squares on relative error): no
   model of this form, however it learns, does much better on these measurements; what is
@@ -57,7 +58,9 @@ def alternatives(run: Path) -> dict[str, list[tuple[tuple[float, ...], float]]]:
     sync as the driver timed it (issue to last replica done) when the devices timed their
     load, and a prefill as its burst's time beyond the decode step before it
     (``prefill_burst`` records).  Only their floor is printed: what a fixed fit could do on
-    them, beside the floor of what the models learn now."""
+    them, beside what the models learn now: ``online`` is a fresh model of the stage (the
+    run's priors) fed those measurements instead (the prefill ones alone: the decode model
+    takes no part in the older measurement)."""
     out: dict[str, list] = {}
     for line in (run / "profile.jsonl").read_text().splitlines():
         e = json.loads(line)
@@ -111,8 +114,12 @@ def analyse(run: Path) -> dict:
         out[stage] = {"n": len(e), "online": online, "steady": statistics.median(e[len(e) // 2:]),
                       "floor": floor(rows[stage]),
                       "reported": rep, "replay_matches": rep is None or abs(rep - online) < 1e-9}
+    fresh = Estimates(build_spec(cfg, cfg.run.steps, 12.0))  # the priors, for the older measurements
     for stage, rows_ in alternatives(run).items():
-        out[stage] = {"n": len(rows_), "online": None, "steady": None, "floor": floor(rows_),
+        model = fresh.models[stage.split("/")[0]]
+        e = [model.observe(x, y) for x, y in rows_ if y > 0]
+        out[stage] = {"n": len(rows_), "online": model.median_rel_error(),
+                      "steady": statistics.median(e[len(e) // 2:]) if e else None, "floor": floor(rows_),
                       "reported": None, "replay_matches": True}
     return {"run": str(run), "policy": cfg.scheduler.policy, "stages": out}
 

@@ -33,7 +33,7 @@ def test_requests_beyond_max_num_seqs_wait_outside_both_models(tiny_model_dir):
         assert prefill and max(tokens for tokens, *_ in prefill) <= 2 * len(PROMPT) + 24
         assert sum(tokens for tokens, *_ in prefill) >= 6 * len(PROMPT)  # every request, once
         # each burst: its steps, the decode work they carried (at most the slots), their time
-        for _, beyond, steps, batch, _, secs in prefill:
-            assert steps >= 1 and 0 <= batch <= 2 * steps and 0 <= beyond <= secs
+        for _, beyond, steps, batch, _, secs, beyond_ref in prefill:
+            assert steps >= 1 and 0 <= batch <= 2 * steps and 0 <= beyond <= secs and 0 <= beyond_ref <= secs
     finally:
         r.release()

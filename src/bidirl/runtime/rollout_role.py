@@ -12,9 +12,10 @@ Each decode step is timed with the features of the decode-step model (running ba
 context tokens).  Steps that prefill (new requests, or every live one re-submitted after a
 weight update, which vLLM may cut into several chunked-prefill steps) are not decode
 steps: each such burst is reported as one prefill measurement: its prompt tokens, the
-time it took beyond the decode step before it, and its whole steps with the decode work
-they carried (steps, running batch, context tokens), so that the driver can take off the
-decode model's prediction of that work instead of one noisy step's time.
+time it took beyond the decode step the engine would have run anyway (the median of the
+last ``DECODE_REF_STEPS`` pure decode steps: one step's time scatters as much as the
+prefill taken from it; older runs took the last step alone, also reported), and its whole
+steps with the decode work they carried (steps, running batch, context tokens).
 
 Every generated token is tagged with the policy version the engine held when the token
 was produced; a resumed response keeps its prefix's tokens, log-probs and versions, so
@@ -27,10 +28,14 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from statistics import median
 
 from bidirl.runtime.vllm_env import apply_vllm_env
+
+DECODE_REF_STEPS = 3  # pure decode steps whose median a prefill step's time is taken beyond
 
 
 def engine_batching() -> dict:
@@ -149,8 +154,9 @@ class RolloutRole:
         self._unprefilled: dict[str, int] = {}  # live requests without a token yet: context tokens
         # The prefill burst in progress: tokens prefilled, seconds beyond the last decode step,
         # its steps, their summed running batch and context (decode work), their seconds.
-        self._burst = [0, 0.0, 0, 0, 0, 0.0]
+        self._burst = [0, 0.0, 0, 0, 0, 0.0, 0.0]  # (+ seconds beyond the recent decode steps' median)
         self._decode_step_s = 0.0  # the last pure decode step
+        self._decode_steps: deque[float] = deque(maxlen=DECODE_REF_STEPS)  # the last few
         self._max_seqs = max_num_seqs
         # The outbox poll drains, and what guards it and the engine (see the module doc).
         self._finished: list[ResponseResult] = []
@@ -190,8 +196,9 @@ class RolloutRole:
         call arrived (so the driver's calls queued behind this one are not held up).
         ``measurements`` holds ``(batch, context_tokens, seconds)`` per decode step since
         the last poll, ``prefills`` ``(prompt_tokens, seconds beyond the last decode step,
-        steps, batch, context_tokens, seconds)`` per prefill burst (batch and context: the
-        requests past their prefill that its steps decoded, summed over its steps).
+        steps, batch, context_tokens, seconds, seconds beyond the recent decode steps'
+        median)`` per prefill burst (batch and context: the requests past their prefill that
+        its steps decoded, summed over its steps).
         """
         deadline = time.perf_counter() + timeout_s
         with self._cv:
@@ -422,12 +429,15 @@ class RolloutRole:
                         b[3] += batch
                         b[4] += ctx
                         b[5] += took
+                        ref = median(self._decode_steps) if decoding and self._decode_steps else 0.0
+                        b[6] += max(0.0, took - ref)
                         if not self._unprefilled or len(self._live) - len(self._unprefilled) >= self._max_seqs:
                             self._prefills.append(tuple(b))
-                            self._burst = [0, 0.0, 0, 0, 0, 0.0]
+                            self._burst = [0, 0.0, 0, 0, 0, 0.0, 0.0]
                     else:
                         self._measurements.append((batch, ctx, took))
                         self._decode_step_s = took
+                        self._decode_steps.append(took)
                 self._cv.notify_all()
 
     # -- internals --------------------------------------------------------------------
