@@ -38,6 +38,13 @@ from bidirl.runtime.vllm_env import apply_vllm_env
 DECODE_REF_STEPS = 3  # pure decode steps whose median a prefill step's time is taken beyond
 
 
+def _new_burst() -> list:
+    """A prefill burst before its first step: tokens prefilled, seconds beyond the last decode
+    step, steps, their summed running batch and context (decode work), their seconds, seconds
+    beyond the recent decode steps' median (``RolloutRole.poll``'s ``prefills``)."""
+    return [0, 0.0, 0, 0, 0, 0.0, 0.0]
+
+
 def engine_batching() -> dict:
     """vLLM scheduler arguments that keep every prompt in one step on a CPU.
 
@@ -152,9 +159,7 @@ class RolloutRole:
         self._base: dict[str, int] = {}  # response tokens before the engine request started
         self._restarts = 0
         self._unprefilled: dict[str, int] = {}  # live requests without a token yet: context tokens
-        # The prefill burst in progress: tokens prefilled, seconds beyond the last decode step,
-        # its steps, their summed running batch and context (decode work), their seconds.
-        self._burst = [0, 0.0, 0, 0, 0, 0.0, 0.0]  # (+ seconds beyond the recent decode steps' median)
+        self._burst = _new_burst()  # the prefill burst in progress
         self._decode_step_s = 0.0  # the last pure decode step
         self._decode_steps: deque[float] = deque(maxlen=DECODE_REF_STEPS)  # the last few
         self._max_seqs = max_num_seqs
@@ -244,7 +249,7 @@ class RolloutRole:
                 self._engine.abort_request(ids)
             # Finished responses not yet polled are handed back with the partials.
             out, self._finished = self._finished + [self._forget(i)[1] for i in ids], []
-            self._burst = [0, 0.0]  # a prefill burst cut short measures nothing
+            self._burst = _new_burst()  # a prefill burst cut short measures nothing
             return out
 
     def snapshot(self) -> list[ResponseResult]:
@@ -413,32 +418,40 @@ class RolloutRole:
                 error = e
             with self._cv:
                 self._stepping = False
+                if error is None:
+                    try:
+                        self._after_step(outputs, took, prefilling, decoding, batch, ctx)
+                    except Exception as e:  # a bookkeeping bug must surface, not kill the thread
+                        error = e
                 if error is not None:
                     self._error = error
-                else:
-                    left = dict(self._unprefilled)
-                    for out in outputs:
-                        res = self._absorb(out)
-                        if res is not None:
-                            self._finished.append(res)
-                    if prefilling:  # see the module docstring: a burst, not a decode step
-                        b = self._burst
-                        b[0] += sum(n for rid, n in left.items() if rid not in self._unprefilled)
-                        b[1] += max(0.0, took - (self._decode_step_s if decoding else 0.0))
-                        b[2] += 1
-                        b[3] += batch
-                        b[4] += ctx
-                        b[5] += took
-                        ref = median(self._decode_steps) if decoding and self._decode_steps else 0.0
-                        b[6] += max(0.0, took - ref)
-                        if not self._unprefilled or len(self._live) - len(self._unprefilled) >= self._max_seqs:
-                            self._prefills.append(tuple(b))
-                            self._burst = [0, 0.0, 0, 0, 0, 0.0, 0.0]
-                    else:
-                        self._measurements.append((batch, ctx, took))
-                        self._decode_step_s = took
-                        self._decode_steps.append(took)
                 self._cv.notify_all()
+
+    def _after_step(self, outputs, took: float, prefilling: bool, decoding: int, batch: int,
+                    ctx: int) -> None:
+        """Absorb one engine step's outputs and time it (under the condition's lock)."""
+        left = dict(self._unprefilled)
+        for out in outputs:
+            res = self._absorb(out)
+            if res is not None:
+                self._finished.append(res)
+        if not prefilling:
+            self._measurements.append((batch, ctx, took))
+            self._decode_step_s = took
+            self._decode_steps.append(took)
+            return
+        b = self._burst  # see the module docstring: a burst, not a decode step
+        b[0] += sum(n for rid, n in left.items() if rid not in self._unprefilled)
+        b[1] += max(0.0, took - (self._decode_step_s if decoding else 0.0))
+        b[2] += 1
+        b[3] += batch
+        b[4] += ctx
+        b[5] += took
+        ref = median(self._decode_steps) if decoding and self._decode_steps else 0.0
+        b[6] += max(0.0, took - ref)
+        if not self._unprefilled or len(self._live) - len(self._unprefilled) >= self._max_seqs:
+            self._prefills.append(tuple(b))
+            self._burst = _new_burst()
 
     # -- internals --------------------------------------------------------------------
     def _add(self, rid: str, r: ResponseRequest, res: ResponseResult) -> None:
