@@ -7,6 +7,10 @@ and prints per stage:
 - ``online``: the median out-of-sample error, as the run reported it (the replay
   reproduces ``summary.json``'s ``stage_model_median_error``; a mismatch is flagged);
 - ``steady``: the same over the second half of the run's measurements (after the cold start);
+- ``weight_sync/driver``, ``prefill/last``: the same stages as they were measured before the
+  devices timed the weight load and before a prefill was taken off its steps' predicted
+  decode work (the driver's wall; the time beyond the last decode step), through a fresh
+  model of the stage: the older measurement's errors on the same run;
 - ``floor``: the median error of the *best fixed fit* of the same features over the whole
   run, fitted after the fact on every measurement (least squares on relative error): no
   model of this form, however it learns, does much better on these measurements; what is
@@ -32,16 +36,38 @@ from bidirl.controller.estimates import Estimates
 from bidirl.runtime.config import load_config
 from bidirl.runtime.placement import build_spec
 
+PREWARM = "weight_sync/prewarm"
+
 
 def measurements(run: Path) -> list[tuple[str, tuple[float, ...], float]]:
     """(stage, features, seconds) in the order the run's scheduler observed them."""
     out = []
     for line in (run / "profile.jsonl").read_text().splitlines():
         e = json.loads(line)
-        if e["event"] == "StageMeasured":
+        if e["event"] == "StageMeasured" and e["stage"] == "weight_sync":  # start-up's, unscored
+            out.append((PREWARM, tuple(e["features"]), e["seconds"]))
+        elif e["event"] == "StageMeasured":
             out.append((e["stage"], tuple(e["features"]), e["seconds"]))
-        elif e["event"] == "WeightsSynced":
-            out.append(("weight_sync", (1.0,), e["seconds"]))
+        elif e["event"] == "WeightsSynced":  # as ClusterState._on_synced: the devices' load when timed
+            out.append(("weight_sync", (1.0,), e["seconds"] if e.get("load_s") is None else e["load_s"]))
+    return out
+
+
+def alternatives(run: Path) -> dict[str, list[tuple[tuple[float, ...], float]]]:
+    """The older measurements of the same stages, where the profile keeps them: a weight
+    sync as the driver timed it (issue to last replica done) when the devices timed their
+    load, and a prefill as its burst's time beyond the decode step before it
+    (``prefill_burst`` records).  Only their floor is printed: what a fixed fit could do on
+    them, beside what the models learn now: ``online`` is a fresh model of the stage (the
+    run's priors) fed those measurements instead (the prefill ones alone: the decode model
+    takes no part in the older measurement)."""
+    out: dict[str, list] = {}
+    for line in (run / "profile.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e["event"] == "WeightsSynced" and e.get("load_s") is not None:
+            out.setdefault("weight_sync/driver", []).append(((1.0,), e["seconds"]))
+        elif e["event"] == "StageMeasured" and e["stage"] == "prefill_burst":
+            out.setdefault("prefill/last", []).append(((1.0, e["features"][0]), e["features"][1]))
     return out
 
 
@@ -70,6 +96,9 @@ def analyse(run: Path) -> dict:
     rows: dict[str, list] = {}
     errs: dict[str, list[float]] = {}
     for stage, x, s in measurements(run):
+        if stage == PREWARM:  # as runtime/session.py: learned, not scored (no prediction used it)
+            est.models["weight_sync"].observe(x, s, scored=False)
+            continue
         if stage not in est.models:
             continue
         errs.setdefault(stage, []).append(est.models[stage].observe(x, s))
@@ -85,6 +114,13 @@ def analyse(run: Path) -> dict:
         out[stage] = {"n": len(e), "online": online, "steady": statistics.median(e[len(e) // 2:]),
                       "floor": floor(rows[stage]),
                       "reported": rep, "replay_matches": rep is None or abs(rep - online) < 1e-9}
+    fresh = Estimates(build_spec(cfg, cfg.run.steps, 12.0))  # the priors, for the older measurements
+    for stage, rows_ in alternatives(run).items():
+        model = fresh.models[stage.split("/")[0]]
+        e = [model.observe(x, y) for x, y in rows_ if y > 0]
+        out[stage] = {"n": len(rows_), "online": model.median_rel_error(),
+                      "steady": statistics.median(e[len(e) // 2:]) if e else None, "floor": floor(rows_),
+                      "reported": None, "replay_matches": True}
     return {"run": str(run), "policy": cfg.scheduler.policy, "stages": out}
 
 
@@ -99,13 +135,12 @@ def main() -> int:
         if not (run / "profile.jsonl").is_file() or not (run / "config.yaml").is_file():
             ap.error(f"{run}: not a run directory (needs profile.jsonl and config.yaml)")
         results.append(analyse(run))
-    print(f"{'run':<28}{'stage':<13}{'n':>5}{'online':>8}{'steady':>8}{'floor':>8}")
+    print(f"{'run':<28}{'stage':<19}{'n':>5}{'online':>8}{'steady':>8}{'floor':>8}")
     for res in results:
         for stage, f in res["stages"].items():
             flag = "" if f["replay_matches"] else "  (replay != summary)"
-            fl = "-" if f["floor"] is None else f"{f['floor']:.3f}"
-            print(f"{Path(res['run']).name[:27]:<28}{stage:<13}{f['n']:>5}{f['online']:>8.3f}"
-                  f"{f['steady']:>8.3f}{fl:>8}{flag}")
+            fl, on, st = (("-" if f[k] is None else f"{f[k]:.3f}") for k in ("floor", "online", "steady"))
+            print(f"{Path(res['run']).name[:27]:<28}{stage:<19}{f['n']:>5}{on:>8}{st:>8}{fl:>8}{flag}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -3,7 +3,7 @@ import statistics
 
 import pytest
 
-from bidirl.perf.calibration import LinearTimeModel
+from bidirl.perf.calibration import WARMUP, LinearTimeModel
 from bidirl.perf.profiles import HARDWARE, MODELS
 from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel
 
@@ -105,3 +105,28 @@ def test_drift_follows_a_slow_spell_and_stays_out_of_independent_noise():
         errs.append(model.observe(x, t * slow * rng.lognormvariate(0, 0.05)))
     later = errs[20:30] + errs[50:60]  # well inside each spell
     assert statistics.median(later) < 0.1
+
+
+def test_a_cold_start_is_not_mistaken_for_a_slow_machine():
+    """The first residuals are against the prior (25 % too slow here, as the simulator's),
+    then against a fit of one or two measurements: they say how far off the prior was.  The
+    drift (how fast the machine runs now) must not learn from them, or the next predictions
+    are scaled by a spell that never happened (a weight sync's third prediction 3 % low)."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        model = LinearTimeModel("weight_sync", (1.25,))
+        for _ in range(WARMUP):
+            model.observe((1.0,), rng.lognormvariate(0, 0.03))
+            assert model.drift == 1.0
+            assert model.predict((1.0,)) == model.fit_s((1.0,))
+
+
+def test_an_unscored_measurement_is_learned_but_not_counted_as_an_error():
+    """A start-up calibration (prewarm's weight load) was predicted by nobody: the model
+    learns it, and its error against the prior joins neither the reported errors nor the
+    robust scale; the next prediction is scored as usual."""
+    model = LinearTimeModel("weight_sync", (0.2,))  # a roofline prior 7x too slow
+    model.observe((1.0,), 0.03, scored=False)
+    assert model.predict((1.0,)) == pytest.approx(0.03, rel=0.05)
+    assert model.median_rel_error() is None and model.recent_rel_error() is None
+    assert model.observe((1.0,), 0.031) < 0.05 and model.median_rel_error() < 0.05

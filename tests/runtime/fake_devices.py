@@ -93,9 +93,9 @@ class FakeRollout:
             batch = len(self.live)
             ctx = sum(len(q.prompt_ids) + len(s.token_ids) for q, s in self.live.values())
             took = c.decode_s + c.decode_per_seq_s * batch + c.decode_per_ctx_s * ctx
-            if self._prefill_tokens:
+            if self._prefill_tokens:  # as ``RolloutRole.poll``: the burst's whole step and its decode work
                 took += c.prefill_per_token_s * self._prefill_tokens
-                prefills.append((self._prefill_tokens, took))
+                prefills.append((self._prefill_tokens, took, 1, batch, ctx, took, took))
                 self._prefill_tokens = 0
             else:
                 measurements.append((batch, ctx, took))
@@ -129,8 +129,9 @@ class FakeRollout:
         return out
 
     def update_weights(self, weights, version: int):
+        """Returns the load's own seconds, as ``RolloutRole.update_weights`` does."""
         self.version = version
-        return 0.0, self.costs.sync_s
+        return self.costs.sync_s, self.costs.sync_s
 
     set_weights = update_weights
 

@@ -30,7 +30,30 @@ def test_requests_beyond_max_num_seqs_wait_outside_both_models(tiny_model_dir):
             prefill += out["prefills"]
             done += out["finished"]
         assert decode and max(batch for batch, _, _ in decode) <= 2
-        assert prefill and max(tokens for tokens, _ in prefill) <= 2 * len(PROMPT) + 24
-        assert sum(tokens for tokens, _ in prefill) >= 6 * len(PROMPT)  # every request, once
+        assert prefill and max(tokens for tokens, *_ in prefill) <= 2 * len(PROMPT) + 24
+        assert sum(tokens for tokens, *_ in prefill) >= 6 * len(PROMPT)  # every request, once
+        # each burst: its steps, the decode work they carried (at most the slots), their time
+        for _, beyond, steps, batch, _, secs, beyond_ref in prefill:
+            assert steps >= 1 and 0 <= batch <= 2 * steps and 0 <= beyond <= secs and 0 <= beyond_ref <= secs
+    finally:
+        r.release()
+
+
+def test_a_prefill_after_an_abort_is_measured_whole(tiny_model_dir):
+    """A reclaim's ``abort_all`` cuts a prefill burst short; the next requests' bursts are
+    measured from scratch, in the full form (a burst reset to a shorter record once killed
+    the generating thread, and the driver waited on it for ever)."""
+    r = RolloutRole(tiny_model_dir, max_num_seqs=2, max_model_len=512, kv_cache_bytes=64 << 20)
+    try:
+        r.submit([ResponseRequest(1, i, PROMPT, 24, temperature=1.0, seed=i) for i in range(4)])
+        r.poll(0.05)
+        r.abort_all()
+        r.submit([ResponseRequest(2, i, PROMPT, 8, temperature=1.0, seed=i) for i in range(3)])
+        prefill, done = [], []
+        while len(done) < 3:
+            out = r.poll(0.05)
+            prefill += out["prefills"]
+            done += out["finished"]
+        assert prefill and all(len(b) == 7 for b in prefill)
     finally:
         r.release()

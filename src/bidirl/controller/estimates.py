@@ -10,12 +10,13 @@ paper uses no length prediction, and neither do we.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from statistics import median
 
 from bidirl.controller.actions import MicroBatch
 from bidirl.controller.cluster import ClusterSpec
-from bidirl.perf.calibration import WARMUP, LinearTimeModel
+from bidirl.perf.calibration import SCALE_WINDOW, WARMUP, LinearTimeModel
 from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, weight_sync_s
 from bidirl.perf.switch_costs import SwitchCostEstimator, switch_priors
 
@@ -24,40 +25,78 @@ ADMISSION_MODELS = {"roll_on_train": ("decode",),
                     "train_on_roll": ("train_micro", "aux_micro", "decode")}
 EMA_ALPHA = 0.02  # ~50 samples of memory: follows drift in response lengths, ignores noise
 AUX_WARM_MEASUREMENTS = 4  # auxiliary micro-batch measurements before its own model is trusted
+AUX_CHOICE_WINDOW = 8  # recent measurements on which the auxiliary's two candidates are compared
 
 
 class AuxMicroModel:
     """An auxiliary trainer's micro-batch time: the primary rank's calibrated model, scaled
-    by the devices each has, until the auxiliary has measured ``warm`` micro-batches of its
-    own (once the primary has), then its own fit.
+    by the devices each has and by the ratio the auxiliary's own measurements show, unless
+    its own fit has predicted them better.
 
     An auxiliary that has not computed yet runs on the same kind of device as a primary
-    rank: the primary's model is a far better guess than the roofline prior (which sized
-    the first real shares several-fold off).  The rule lives here, not in a policy, so
-    that the error this model reports is the error of the prediction the scheduler used:
-    scoring the first measurements against the prior nobody used made the auxiliary's
-    median error 0.14-0.82 on real runs with a handful of measurements.  Everything else
-    (``theta``, ``observations``, the robust scale) is the auxiliary's own model's.
+    rank: the primary's model (fitted on many more measurements, once it has any) is a far
+    better guess than the roofline prior (which sized the first real shares several-fold
+    off), and it stays the better one while the auxiliary has a handful of measurements of
+    its own (1-12 a run on this machine's real runs): a three-coefficient fit of so few
+    scatters far more than the one ratio ``measured / (primary's prediction x scale)``,
+    learned as the median of their logarithms, pulled toward 1 while there are few.  The
+    primary's prediction includes its drift: on a shared machine a slow spell slows every
+    core, the auxiliary's too.  Both candidates
+    are scored on every measurement before it is learned; the one with the lower recent
+    median error predicts (the primary's until the auxiliary has ``warm`` measurements).
+    The rule lives here, not in a policy, so that the error this model reports is the
+    error of the prediction the scheduler used.  Everything else (``theta``,
+    ``observations``, the robust scale) is the auxiliary's own model's.
     """
 
     def __init__(self, own: LinearTimeModel, primary: LinearTimeModel, scale: float,
                  warm: int = AUX_WARM_MEASUREMENTS) -> None:
         self.own, self.primary, self.scale, self.warm = own, primary, scale, warm
+        self.errors: deque[float] = deque(maxlen=4096)  # of the prediction used
+        self._recent: deque[float] = deque(maxlen=SCALE_WINDOW)
+        self._log_ratio: deque[float] = deque(maxlen=SCALE_WINDOW)
+        self._err_from_primary: deque[float] = deque(maxlen=AUX_CHOICE_WINDOW)
+        self._err_own: deque[float] = deque(maxlen=AUX_CHOICE_WINDOW)
+
+    def ratio(self) -> float:
+        """The auxiliary's time over the primary's fit x scale: the median of the measured
+        log ratios, shrunk toward 0 (ratio 1) by ``n / (n + 1)``."""
+        n = len(self._log_ratio)
+        return math.exp(median(self._log_ratio) * n / (n + 1)) if n else 1.0
+
+    def _from_primary(self, x) -> float:
+        return self.primary.predict(x) * self.scale * self.ratio()
 
     def borrowing(self) -> bool:
-        """Whether predictions still come from the primary's model."""
-        return self.own.observations < self.warm <= self.primary.observations
+        """Whether predictions come from the primary's model (times the learned ratio)."""
+        if not self.primary.observations:
+            return False  # a cold primary: its prior is no better than the auxiliary's own
+        if self.own.observations < self.warm:
+            return True
+        return median(self._err_from_primary) <= median(self._err_own)
 
     def predict(self, x) -> float:
-        return self.primary.predict(x) * self.scale if self.borrowing() else self.own.predict(x)
+        return self._from_primary(x) if self.borrowing() else self.own.predict(x)
 
     def observe(self, x, measured_s: float) -> float:
-        used = self.predict(x) if self.borrowing() else None
-        err = self.own.observe(x, measured_s)
-        if used is not None and measured_s > 0:  # the error of what was used
-            err = abs(used - measured_s) / measured_s
-            self.own.errors[-1] = err
+        if measured_s <= 0:
+            return 0.0
+        used = self.predict(x)
+        base = self.primary.predict(x) * self.scale if self.primary.observations else 0.0
+        if base > 0:
+            self._err_from_primary.append(abs(self._from_primary(x) - measured_s) / measured_s)
+            self._log_ratio.append(math.log(measured_s / base))
+        self._err_own.append(self.own.observe(x, measured_s))
+        err = abs(used - measured_s) / measured_s  # the error of what was used
+        self.errors.append(err)
+        self._recent.append(err)
         return err
+
+    def median_rel_error(self) -> float | None:
+        return median(self.errors) if self.errors else None
+
+    def recent_rel_error(self) -> float | None:
+        return median(self._recent) if self._recent else None
 
     def __getattr__(self, name: str):
         if name.startswith("__") or name == "own":  # copy/pickle probe before ``own`` exists

@@ -68,10 +68,17 @@ class TrainStepFinished:
 
 @dataclass(frozen=True, slots=True)
 class WeightsSynced:
-    """Every rollout replica now holds ``version``."""
+    """Every rollout replica now holds ``version``.
+
+    ``seconds``: from the sync's issue to the last replica's load, as the driver saw it;
+    ``load_s``: where the runtime timed the load on the devices (the slowest replica's,
+    without the wait for a decode step in progress or behind other calls), the weight-sync
+    model's measurement when given (the simulator's ``seconds`` is the load itself).
+    """
 
     version: int
     seconds: float
+    load_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

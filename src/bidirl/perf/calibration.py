@@ -69,6 +69,7 @@ WARMUP = 8  # measurements before any is down-weighted (no scale to judge by yet
 _MAD = 0.6745  # median |N(0, 1)|: median absolute error / _MAD estimates the noise's sigma
 DRIFT_ALPHA = 0.5  # EMA gain of the recent log residuals (the machine's speed right now)
 DRIFT_FORGET = 0.99  # memory of the regression that says how far the recent residuals carry
+DRIFT_AFTER = WARMUP  # measurements in the fit before its residuals teach the drift
 
 
 @dataclass
@@ -123,23 +124,32 @@ class LinearTimeModel:
         """The fit alone: the stage's typical time over the window, without the drift."""
         return sum(t * f for t, f in zip(self.theta, x))
 
-    def observe(self, x: tuple[float, ...] | list[float], measured_s: float) -> float:
+    def observe(self, x: tuple[float, ...] | list[float], measured_s: float, scored: bool = True) -> float:
         """Score the current prediction against ``measured_s``, then learn from it.
 
         Returns the relative error of the prediction made before this measurement.
+        ``scored=False``: a measurement taken before any prediction was used (a start-up
+        calibration): learned, but its error joins neither the reported errors nor the
+        robust scale.
         """
         if measured_s <= 0:
             return 0.0
         base = self.fit_s(x)
         pred = self.drift * base
         err = abs(pred - measured_s) / measured_s
-        self.errors.append(err)
+        if scored:
+            self.errors.append(err)
         scale = self.scale()
-        if base > 0:  # one wild measurement moves the drift by at most a factor e ** DRIFT_ALPHA
+        # One wild measurement moves the drift by at most a factor e ** DRIFT_ALPHA.  The
+        # residuals of a cold start (against the prior, then against a fit of two or three
+        # measurements) say how far off the prior was, not how fast the machine runs now:
+        # the drift learns from residuals against a fit of WARMUP measurements or more.
+        if base > 0 and self.observations >= DRIFT_AFTER:
             self._track(max(-1.0, min(1.0, math.log(measured_s / base))))
         w = self._huber(err, scale)
         self.downweighted += w < 1.0
-        self._recent.append(err)
+        if scored:
+            self._recent.append(err)
         if len(self._xs) == self.window:  # the deque is about to evict its oldest sample
             self._accumulate(self._xs[0], self._ys[0], -self._ws[0])
         self._xs.append(tuple(x))

@@ -170,14 +170,17 @@ class DeviceExecutor:
         w = self.primary_weights()
         targets = [u for u in range(self.spec.n_units) if self.hosting.serves_rollout(u)]
         version = a.version + self.job.version_offset
-        pending = {"n": len(targets)}
+        pending = {"n": len(targets), "load": []}
 
-        def done(_):
+        def done(load_s):
             pending["n"] -= 1
+            if isinstance(load_s, (int, float)) and load_s > 0:  # the device's own timing
+                pending["load"].append(float(load_s))
             if pending["n"] == 0:
                 self.version = version
                 self.sync_seconds.append(self.now() - t_start)
-                self.deliver(WeightsSynced(a.version, self.now() - t_start))
+                loads = pending["load"]
+                self.deliver(WeightsSynced(a.version, self.now() - t_start, max(loads) if loads else None))
 
         if not targets:
             self.version = version

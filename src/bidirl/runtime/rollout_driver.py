@@ -15,10 +15,17 @@ from bidirl.controller.state import Phase
 from bidirl.core.ledger import Role
 
 POLL_TIMEOUT_S = 2.0  # a poll returns earlier when anything finished; this only bounds a quiet wait
-# Decode steps are summed into one measurement of at least this long (or until the replica
-# runs dry): the stage model predicts seconds of decoding, not one step, and a sum over many
-# steps is what the simulator reports too.  The model is linear, so summing loses nothing.
+# Decode steps are summed into one measurement of at least this long: the stage model
+# predicts seconds of decoding, not one step, and a sum over many steps is what the
+# simulator reports too.  The model is linear, so summing loses nothing, and a replica that
+# ran dry (or was lent) carries its few steps over to the next sum rather than report them
+# alone: one step on a shared CPU scatters several-fold (8 ms to 41 ms for the same batch
+# in one run), and such remainders were a tenth of a run's decode measurements.
 DECODE_SAMPLE_S = 0.25
+# A profile record (no model learns it) of a prefill burst as measured: features (tokens,
+# seconds beyond the last decode step, steps, running batch, context tokens, seconds beyond
+# the recent decode steps' median), its seconds.
+PREFILL_BURST = "prefill_burst"
 
 
 class RolloutDriver:
@@ -112,9 +119,12 @@ class RolloutDriver:
 
     def _measured(self, u: int, out: dict) -> None:
         ex = self.ex
-        for tokens, secs in out.get("prefills", []):
-            if tokens > 0:
-                ex.deliver(StageMeasured("prefill", (1.0, float(tokens)), secs))
+        for burst in out.get("prefills", []):
+            if burst[0] > 0:
+                if len(burst) >= 7:  # the raw burst, for the profile only (bench/stage_model_errors.py)
+                    ex.profile.append((ex.now(), StageMeasured(
+                        PREFILL_BURST, tuple(map(float, burst[:5])) + (float(burst[6]),), float(burst[5]))))
+                ex.deliver(StageMeasured("prefill", (1.0, float(burst[0])), self.prefill_seconds(burst)))
         m, acc = out["measurements"], self.decode_sum[u]
         if m:
             ex.last_work_s[ex.unit_device(u)] = max(x for _, _, x in m)
@@ -122,9 +132,23 @@ class RolloutDriver:
             acc[1] += sum(b for b, _, _ in m)
             acc[2] += sum(c for _, c, _ in m)
             acc[3] += sum(s for _, _, s in m)
-        if acc[3] >= DECODE_SAMPLE_S or (acc[0] and not out.get("running", 1)):
+        if acc[3] >= DECODE_SAMPLE_S:
             ex.deliver(StageMeasured("decode", (acc[0], acc[1], acc[2]), acc[3]))
             self.decode_sum[u] = [0.0, 0.0, 0.0, 0.0]
+
+    @staticmethod
+    def prefill_seconds(burst: tuple) -> float:
+        """A prefill burst's time beyond the decode steps the engine would have run anyway.
+
+        ``burst``: ``(tokens, seconds beyond the last decode step)``, or with the burst's
+        ``(steps, running batch, context tokens, seconds, seconds beyond the recent decode
+        steps' median)`` after them (``RolloutRole.poll``): the median when given.  Taking
+        the decode model's prediction of the burst's decode work off its whole steps instead
+        was tried and measured worse (rollout-heavy async: median error 0.50 against 0.31
+        for the last step's time, same run): the steps next to the burst share its
+        contention, a model fitted over the run does not.
+        """
+        return burst[6] if len(burst) >= 7 else burst[1]
 
     def _completed(self, u: int, gids: list[int]) -> GroupsCompleted:
         store, now = self.ex.job.store, self.ex.now()
@@ -179,11 +203,7 @@ class RolloutDriver:
 
     def _hand_back(self, u: int) -> None:
         ex, store = self.ex, self.ex.job.store
-        self.running[u], self.run_handle[u] = 0, None
-        acc = self.decode_sum[u]
-        if acc[0]:
-            ex.deliver(StageMeasured("decode", tuple(acc[:3]), acc[3]))
-            self.decode_sum[u] = [0.0, 0.0, 0.0, 0.0]
+        self.running[u], self.run_handle[u] = 0, None  # its decode steps so far stay in its sum
         gids = sorted(g for g in self.groups[u] if not store.groups[g].complete)
         self.groups[u].clear()
         if gids:

@@ -11,8 +11,11 @@ step to a waiting control call, so a reclaim takes effect within one decode step
 Each decode step is timed with the features of the decode-step model (running batch,
 context tokens).  Steps that prefill (new requests, or every live one re-submitted after a
 weight update, which vLLM may cut into several chunked-prefill steps) are not decode
-steps: each such burst is reported as one prefill measurement, its prompt tokens and the
-time it took beyond the decode step the engine would have run anyway.
+steps: each such burst is reported as one prefill measurement: its prompt tokens, the
+time it took beyond the decode step the engine would have run anyway (the median of the
+last ``DECODE_REF_STEPS`` pure decode steps: one step's time scatters as much as the
+prefill taken from it; older runs took the last step alone, also reported), and its whole
+steps with the decode work they carried (steps, running batch, context tokens).
 
 Every generated token is tagged with the policy version the engine held when the token
 was produced; a resumed response keeps its prefix's tokens, log-probs and versions, so
@@ -25,10 +28,21 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from statistics import median
 
 from bidirl.runtime.vllm_env import apply_vllm_env
+
+DECODE_REF_STEPS = 3  # pure decode steps whose median a prefill step's time is taken beyond
+
+
+def _new_burst() -> list:
+    """A prefill burst before its first step: tokens prefilled, seconds beyond the last decode
+    step, steps, their summed running batch and context (decode work), their seconds, seconds
+    beyond the recent decode steps' median (``RolloutRole.poll``'s ``prefills``)."""
+    return [0, 0.0, 0, 0, 0, 0.0, 0.0]
 
 
 def engine_batching() -> dict:
@@ -145,8 +159,9 @@ class RolloutRole:
         self._base: dict[str, int] = {}  # response tokens before the engine request started
         self._restarts = 0
         self._unprefilled: dict[str, int] = {}  # live requests without a token yet: context tokens
-        self._burst = [0, 0.0]  # the prefill burst in progress: tokens prefilled, seconds beyond decode
+        self._burst = _new_burst()  # the prefill burst in progress
         self._decode_step_s = 0.0  # the last pure decode step
+        self._decode_steps: deque[float] = deque(maxlen=DECODE_REF_STEPS)  # the last few
         self._max_seqs = max_num_seqs
         # The outbox poll drains, and what guards it and the engine (see the module doc).
         self._finished: list[ResponseResult] = []
@@ -185,8 +200,10 @@ class RolloutRole:
         Returns at once when something finished, when nothing is live, or when a control
         call arrived (so the driver's calls queued behind this one are not held up).
         ``measurements`` holds ``(batch, context_tokens, seconds)`` per decode step since
-        the last poll, ``prefills`` ``(prompt_tokens, seconds)`` per prefill burst (the
-        seconds beyond the decode work of its steps).
+        the last poll, ``prefills`` ``(prompt_tokens, seconds beyond the last decode step,
+        steps, batch, context_tokens, seconds, seconds beyond the recent decode steps'
+        median)`` per prefill burst (batch and context: the requests past their prefill that
+        its steps decoded, summed over its steps).
         """
         deadline = time.perf_counter() + timeout_s
         with self._cv:
@@ -232,7 +249,7 @@ class RolloutRole:
                 self._engine.abort_request(ids)
             # Finished responses not yet polled are handed back with the partials.
             out, self._finished = self._finished + [self._forget(i)[1] for i in ids], []
-            self._burst = [0, 0.0]  # a prefill burst cut short measures nothing
+            self._burst = _new_burst()  # a prefill burst cut short measures nothing
             return out
 
     def snapshot(self) -> list[ResponseResult]:
@@ -252,13 +269,17 @@ class RolloutRole:
         computed by the old weights, so each one is re-submitted as ``prompt + tokens so far``
         with the rest of its budget (one re-prefill each), and its later tokens and log-probs
         are those of the new weights alone.
+
+        Returns the seconds the load took here, from the end of the decode step in progress
+        (a wait, not part of the sync) to the engine holding the new weights: the weight-sync
+        model's measurement (``WeightsSynced.load_s``).
         """
         import torch
 
-        t0 = time.perf_counter()
         tensors = ((k, torch.from_numpy(v.copy() if not v.flags.writeable else v))
                    for k, v in named_arrays.items())
         with self._control():
+            t0 = time.perf_counter()  # the load alone: not the wait for the step in progress
             self._llm.collective_rpc("reload_weights",
                                      kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
             if self._tied_cpu_head:
@@ -397,24 +418,40 @@ class RolloutRole:
                 error = e
             with self._cv:
                 self._stepping = False
+                if error is None:
+                    try:
+                        self._after_step(outputs, took, prefilling, decoding, batch, ctx)
+                    except Exception as e:  # a bookkeeping bug must surface, not kill the thread
+                        error = e
                 if error is not None:
                     self._error = error
-                else:
-                    left = dict(self._unprefilled)
-                    for out in outputs:
-                        res = self._absorb(out)
-                        if res is not None:
-                            self._finished.append(res)
-                    if prefilling:  # see the module docstring: a burst, not a decode step
-                        self._burst[0] += sum(n for rid, n in left.items() if rid not in self._unprefilled)
-                        self._burst[1] += max(0.0, took - (self._decode_step_s if decoding else 0.0))
-                        if not self._unprefilled or len(self._live) - len(self._unprefilled) >= self._max_seqs:
-                            self._prefills.append((self._burst[0], self._burst[1]))
-                            self._burst = [0, 0.0]
-                    else:
-                        self._measurements.append((batch, ctx, took))
-                        self._decode_step_s = took
                 self._cv.notify_all()
+
+    def _after_step(self, outputs, took: float, prefilling: bool, decoding: int, batch: int,
+                    ctx: int) -> None:
+        """Absorb one engine step's outputs and time it (under the condition's lock)."""
+        left = dict(self._unprefilled)
+        for out in outputs:
+            res = self._absorb(out)
+            if res is not None:
+                self._finished.append(res)
+        if not prefilling:
+            self._measurements.append((batch, ctx, took))
+            self._decode_step_s = took
+            self._decode_steps.append(took)
+            return
+        b = self._burst  # see the module docstring: a burst, not a decode step
+        b[0] += sum(n for rid, n in left.items() if rid not in self._unprefilled)
+        b[1] += max(0.0, took - (self._decode_step_s if decoding else 0.0))
+        b[2] += 1
+        b[3] += batch
+        b[4] += ctx
+        b[5] += took
+        ref = median(self._decode_steps) if decoding and self._decode_steps else 0.0
+        b[6] += max(0.0, took - ref)
+        if not self._unprefilled or len(self._live) - len(self._unprefilled) >= self._max_seqs:
+            self._prefills.append(tuple(b))
+            self._burst = _new_burst()
 
     # -- internals --------------------------------------------------------------------
     def _add(self, rid: str, r: ResponseRequest, res: ResponseResult) -> None:

@@ -48,6 +48,7 @@ import sys
 import time
 from pathlib import Path
 
+from bidirl.controller.events import StageMeasured
 from bidirl.obs.accounting import clip_intervals
 from bidirl.runtime.checkpoints import (  # noqa: F401  (re-exported for the tests)
     ResumeError,
@@ -210,7 +211,7 @@ class TrainSession:
         from bidirl.policy.base import make_policy
         from bidirl.runtime.backend import RayBackend
         from bidirl.runtime.executor import DeviceExecutor, Job, Layout
-        from bidirl.runtime.placement import build_spec, place, start_workers
+        from bidirl.runtime.placement import PREWARM_SYNC, build_spec, place, start_workers
 
         cfg = self.cfg
         mean_prompt = self.prompt_lengths.mean  # measured over every row (train.fit_prompts)
@@ -240,6 +241,8 @@ class TrainSession:
         controller = Controller(spec, make_policy(cfg.scheduler.policy))
         self.placement = placement
         unit_of = {unit_device(u): u for u in range(spec.n_units)}
+        sync_warm = [s for kind, s, _ in switch_measurements if kind == PREWARM_SYNC]
+        switch_measurements = [m for m in switch_measurements if m[0] != PREWARM_SYNC]
         for kind, seconds, device in switch_measurements:  # C_in per node pair (weights -> device)
             if kind.endswith(".c_in"):
                 controller.state.est.observe_switch(kind, unit_of[device], seconds)
@@ -253,6 +256,10 @@ class TrainSession:
                   group_offset=self.start_step * cfg.rollout.prompts_per_step, version_offset=self.start_step)
         rt = DeviceExecutor(controller, backend, job, Layout(unit_device, train_devices))
         rt.switches.extend((f"prewarm.{k}", v) for k, v, _ in switch_measurements)
+        for seconds in sync_warm:  # a weight load timed on the replicas: the sync model's first
+            m = StageMeasured("weight_sync", (1.0,), seconds)  # measurement, kept in the profile;
+            controller.state.est.models[m.stage].observe(m.features, m.seconds, scored=False)  # no
+            rt.profile.append((0.0, m))  # prediction was used for it: not scored
         controller.bind(rt)
         from bidirl.runtime.reporting import StepReporter
 
