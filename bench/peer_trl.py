@@ -22,6 +22,8 @@ names only the special tokens), but what the two learn differs, and so do respon
 stayed ~4), which makes completion tokens/s compare different work: ``--force-length``
 masks EOS until the cap on both sides (HF ``min_new_tokens``, bidirl ``rollout.min_new_tokens``
 = vLLM ``min_tokens``), so every response of both is exactly max-new-tokens long.
+``--task reverse_long`` (16-48 digits) gives natural answers of tens of tokens, like the
+responses of the hand measurement issue 14 quotes; ``reverse``'s are ~4 tokens.
 ``small`` = 2 layers / hidden 128, 32 new tokens; ``large`` =
 4 layers / hidden 256, 128 new tokens; 8 prompts x 8 responses per step.
 
@@ -198,7 +200,8 @@ def _commit() -> str:
     """The commit measured (with ``+`` when the work tree differs from it)."""
     git = ["git", "-C", str(ROOT)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "src", "bench"], capture_output=True, text=True).stdout
+    dirty = subprocess.run([*git, "status", "--porcelain", "src", "bench", ":!bench/results"],
+                           capture_output=True, text=True).stdout
     return head + ("+" if dirty.strip() else "")
 
 

@@ -7,7 +7,7 @@ policy + DeviceExecutor -> run until the last step -> write the trace, the timel
 final metrics and a checkpoint.  Everything lands in the run directory (``runs/<time>`` by default)::
 
     config.yaml  metrics.jsonl  events.out.tfevents.*  trace.json  timeline.png
-    trained_groups.jsonl (ledger audit)  summary.json  checkpoints/step_<k>/
+    trained_groups.jsonl (ledger audit)  summary.json  admissions.jsonl  checkpoints/step_<k>/
     resume_changes.jsonl (what each --resume changed, if anything)
 """
 
