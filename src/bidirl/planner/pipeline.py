@@ -54,6 +54,8 @@ class _Plan(dict):
         super().__init__()
         self.units = units
         self.on_lent: dict[tuple[int, bool], np.ndarray] = {}
+        self.resumed: list[tuple[_Batch, float]] = []  # handed-back prefixes, last planned start
+        self.ready: dict[int, float] = {}  # batch -> ready time under this plan (state fixed till commit)
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ class Pipeline:
         for b in pending:
             starts, free, exp, on_lent = self._assign(free, b.admit, b.left, b.tau, exp)
             out[(b.index, b.resume)] = starts
+            if b.resume and len(starts):
+                out.resumed.append((b, float(starts[-1])))
             if on_lent is not None and on_lent.any():
                 out.on_lent[(b.index, b.resume)] = on_lent
         return out, free, exp
@@ -186,6 +190,9 @@ class Pipeline:
         replica of the pool)``."""
         size = self.n if pool == PRIMARY else plan.units
         out = [c[:3] for c in self._chunks if c[3] == pool]
+        if pool == PRIMARY:  # handed-back prefixes, resumed or planned, load the primaries
+            out += [self._resumed_window(b, last) for lst in self._resumed.values() for b, last in lst]
+            out += [self._resumed_window(b, last) for b, last in plan.resumed]
         if size <= 0:
             return out
         n = self.m.group_size / size
@@ -216,11 +223,22 @@ class Pipeline:
         batch's longest response has ``b.longest`` decode steps left, run on the primaries
         at their load (``stages._drain``), which the resumed responses add to."""
         rel = [(lo - last, hi - last, n) for lo, hi, n in self._windows(plan, PRIMARY)]
-        rel.append((b.first - b.admit, b.last - b.admit, b.left_responses / self.n))
         return last + _drain(self.m, b.longest, b.step, tuple(rel), self.n)
+
+    def _resumed_window(self, b: _Batch, last: float) -> tuple[float, float, float]:
+        """The load handed-back prefixes put on the primaries once resumed (the last at
+        ``last``): their responses go on from where the reclaim cut them, as if started
+        over their original start span shifted by the wait to resume."""
+        shift = last - b.admit
+        return (b.first + shift, b.last + shift, b.left_responses / self.n)
 
     def _ready_of(self, k: int, pending: list[_Batch], plan: _Plan) -> float:
         """When batch ``k`` is complete: its own groups and any resumed partial prefixes."""
+        if k not in plan.ready:
+            plan.ready[k] = self._complete(k, pending, plan)
+        return plan.ready[k]
+
+    def _complete(self, k: int, pending: list[_Batch], plan: _Plan) -> float:
         ready = -math.inf
         if k in self._started:  # its tail still depends on the groups started beside it
             ready = self._ready(self._started[k], np.empty(0), plan)

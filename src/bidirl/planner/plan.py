@@ -12,9 +12,9 @@
 
 Two passes: the steady-state closed form (microseconds per envelope) screens every
 compatible envelope, and the step-by-step recurrence (a few milliseconds) ranks those
-within ``SCREEN`` of the best; 256 devices (1,168 envelopes) plan in under a second.  A model that
-fits no envelope raises ``PlanError`` naming the model, the memory it needs and what the
-devices have.
+within ``SCREEN`` of the best; 256 devices (1,168 envelopes) plan in about 5 s
+(docs/planner.md).  A model that fits no envelope raises ``PlanError`` naming the model,
+the memory it needs and what the devices have.
 """
 
 from __future__ import annotations

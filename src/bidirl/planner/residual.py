@@ -51,9 +51,21 @@ class Residual:
         mean of ``R(max(0, c - o))``: ``(H(c - o1) - H(c - o2)) / (o2 - o1)``, or
         ``R(max(0, c - o1))`` for a window of one start."""
         o1, o2 = np.asarray(o1, dtype=float), np.asarray(o2, dtype=float)
+        shape = o1.shape
+        if o1.ndim != 1 or o2.shape != shape:  # numbers, or arrays to broadcast
+            shape = np.broadcast_shapes(o1.shape, o2.shape)
+            o1, o2 = np.broadcast_to(o1, shape).ravel(), np.broadcast_to(o2, shape).ravel()
+        n = len(o1)
         width = o2 - o1
         point = width <= 1e-9 * np.maximum(1.0, np.abs(o2))
-        h = self._h(np.stack((-o1, -o2, x - o1, x - o2)))
-        r = self.left(np.stack((-o1, x - o1)))
-        spread = (h[0] - h[1] - h[2] + h[3]) / np.where(point, 1.0, width)
-        return np.where(point, r[0] - r[1], spread)
+        v = np.empty(4 * n)  # the four H arguments in one array: one search on the grid
+        np.negative(o1, out=v[:n])
+        np.negative(o2, out=v[n:2 * n])
+        np.subtract(x, o1, out=v[2 * n:3 * n])
+        np.subtract(x, o2, out=v[3 * n:])
+        h = self._h(v)
+        out = (h[:n] - h[n:2 * n] - h[2 * n:3 * n] + h[3 * n:]) / np.where(point, 1.0, width)
+        if point.any():  # windows of one start: R at its two ends
+            r = self.left(np.concatenate((v[:n], v[2 * n:3 * n])))
+            out = np.where(point, r[:n] - r[n:], out)
+        return out.reshape(shape)
