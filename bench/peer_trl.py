@@ -44,6 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_policies import _code  # noqa: E402  (the commit a run measures, as there)
+
 SIZES = {"small": {"layers": 2, "hidden": 128, "max_new_tokens": 32},
          "large": {"layers": 4, "hidden": 256, "max_new_tokens": 128}}
 PROMPTS, GROUP, LR, CORES = 8, 8, 1e-3, 2
@@ -196,15 +199,6 @@ def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool,
             "borrows": s["borrows"], "gen_s": gen_s}
 
 
-def _commit() -> str:
-    """The commit measured (with ``+`` when the work tree differs from it)."""
-    git = ["git", "-C", str(ROOT)]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "src", "bench", ":!bench/results"],
-                           capture_output=True, text=True).stdout
-    return head + ("+" if dirty.strip() else "")
-
-
 def summarise(pairs: list[dict]) -> dict:
     def med(side: str, key: str) -> float:
         return statistics.median(p[side][key] for p in pairs)
@@ -258,7 +252,7 @@ def main() -> int:
         for k in range(a.pairs):
             trl = run_trl(model_dir, a.model_size, a.steps, a.force_length, a.lr, a.task)
             ours = run_bidirl(model_dir, a.model_size, a.steps, a.policy, a.force_length, a.lr, a.task)
-            pairs.append({"trl": trl, "bidirl": ours, "date": time.strftime("%Y-%m-%d %H:%M"), "code": _commit(),
+            pairs.append({"trl": trl, "bidirl": ours, "date": time.strftime("%Y-%m-%d %H:%M"), "code": _code(),
                           "load_avg": os.getloadavg()[0]})
             print(f"[peer_trl] pair {k + 1}: TRL {trl['completion_tokens_per_s']:.0f} completion tok/s, "
                   f"{trl['seconds_per_step']:.2f} s/step; bidirl {ours['completion_tokens_per_s']:.0f} tok/s, "

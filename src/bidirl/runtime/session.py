@@ -64,25 +64,28 @@ from bidirl.runtime.config import TrainConfig
 from bidirl.runtime.stops import StopSignals, nonfinite_step_error  # noqa: F401
 
 
+def _decision_record(d) -> dict:
+    """One borrow decision as JSON: when, which direction, how many units, the predicted
+    benefit and cost, the doubt (margin) and the verdict."""
+    return {"t": round(d.t, 4), "direction": d.direction, "units": d.units,
+            "benefit_s": round(d.benefit_s, 5), "cost_s": round(d.cost_s, 5),
+            "margin_s": round(d.margin_s, 5), "admit": d.admit, "guided": d.guided}
+
+
 def _admission_summary(decisions: list) -> dict:
     """Counts of admitted / rejected borrows per direction, and the latest decisions."""
     from bidirl.frame.result import admission_counts
 
-    return {"latest": [{"direction": d.direction, "t": round(d.t, 3), "units": d.units,
-                        "benefit_s": round(d.benefit_s, 4), "cost_s": round(d.cost_s, 4), "admit": d.admit}
-                       for d in decisions[-20:]], **admission_counts(decisions)}
+    return {"latest": [_decision_record(d) for d in decisions[-20:]], **admission_counts(decisions)}
 
 
 def write_admissions(path: Path, decisions: list) -> None:
-    """Every borrow decision of the run, one JSON line each, in decision order: when, which
-    direction, how many units, the predicted benefit and cost, the doubt (margin) and the
-    verdict.  ``summary.json`` keeps only the counts and the last 20; this is what answers
-    "why did it not borrow here?" after the fact."""
+    """Every borrow decision of the run, one JSON line each, in decision order.
+    ``summary.json`` keeps only the counts and the last 20; this is what answers "why did
+    it not borrow here?" after the fact."""
     with path.open("w") as f:
         for d in decisions:
-            f.write(json.dumps({"t": round(d.t, 4), "direction": d.direction, "units": d.units,
-                                "benefit_s": round(d.benefit_s, 5), "cost_s": round(d.cost_s, 5),
-                                "margin_s": round(d.margin_s, 5), "admit": d.admit, "guided": d.guided}) + "\n")
+            f.write(json.dumps(_decision_record(d)) + "\n")
 
 
 class TrainSession:
@@ -256,10 +259,12 @@ class TrainSession:
                   group_offset=self.start_step * cfg.rollout.prompts_per_step, version_offset=self.start_step)
         rt = DeviceExecutor(controller, backend, job, Layout(unit_device, train_devices))
         rt.switches.extend((f"prewarm.{k}", v) for k, v, _ in switch_measurements)
-        for seconds in sync_warm:  # a weight load timed on the replicas: the sync model's first
-            m = StageMeasured("weight_sync", (1.0,), seconds)  # measurement, kept in the profile;
-            controller.state.est.models[m.stage].observe(m.features, m.seconds, scored=False)  # no
-            rt.profile.append((0.0, m))  # prediction was used for it: not scored
+        # A weight load timed on the replicas at start-up is the sync model's first measurement,
+        # kept in the profile; no prediction was used for it, so it is learned but not scored.
+        for seconds in sync_warm:
+            m = StageMeasured("weight_sync", (1.0,), seconds)
+            controller.state.est.models[m.stage].observe(m.features, m.seconds, scored=False)
+            rt.profile.append((0.0, m))
         controller.bind(rt)
         from bidirl.runtime.reporting import StepReporter
 
