@@ -53,6 +53,10 @@ class TrainerConfig:
     lr_min_ratio: float = option(0.0, "the decayed schedules' final lr, as a fraction of lr", ge=0, le=1)
     lr_decay_steps: int | None = option(None, "the step where a decaying schedule ends; null: run.steps", ge=1)
     micro_batch_size: int = option(16, "sequences per micro-batch (gradient accumulation)", ge=1)
+    padding_split_tokens: int | None = option(
+        64, "a micro-batch is computed as the length-sorted sub-batches that minimise padded tokens + "
+        "this many tokens per sub-batch (the cost of one more pass); null: one batch padded to its "
+        "longest sequence", ge=0)
     max_grad_norm: float | None = option(1.0, "global grad-norm clip after the DP all-reduce; null disables",
                                          gt=0)
     clip_eps_low: float = option(0.2, "lower PPO clip: ratio >= 1 - clip_eps_low", ge=0, lt=1)

@@ -51,6 +51,7 @@ from bidirl.engines.train_batch import (
     collate,
     count_tokens,
     make_microbatches,
+    padding_split,
 )
 from bidirl.engines.trainer_config import NonFiniteStepError, NonFiniteWeightsError, TrainerConfig
 
@@ -148,8 +149,30 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ gradients
     def _microbatch_grads(self, mb: Microbatch, total_tokens: int) -> tuple[dict[str, np.ndarray], dict]:
+        """One micro-batch's gradient, computed as ``padding_split`` sub-batches.
+
+        Every loss term and metric is a token sum over ``total_tokens``, so the sub-batches'
+        gradients and metrics add up to the whole micro-batch's (up to float rounding).  Why:
+        a micro-batch padded to its longest sequence costs up to twice its real tokens once
+        responses spread out (1-128 tokens), and that cost is not in the stage model's
+        features (tokens, sum of squares): BENCHMARKS.md, "padding".
+        """
         for p in self.params.values():
             p.grad = None
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in mb]
+        metrics: dict[str, float] = {}
+        for part in padding_split(lengths, self.config.padding_split_tokens):
+            for k, v in self._subbatch_backward([mb[i] for i in part], total_tokens).items():
+                metrics[k] = metrics.get(k, 0.0) + v
+        grads = {}
+        for name, p in self.params.items():
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            grads[name] = g.detach().to("cpu", torch.float32).reshape(-1).numpy().copy()
+            p.grad = None
+        return grads, metrics
+
+    def _subbatch_backward(self, mb: Microbatch, total_tokens: int) -> dict[str, float]:
+        """Forward and backward of one padded batch (gradients accumulate); its metrics."""
         batch = collate(mb, self.pad_id, self.device)
         logp_B_T, entropy_B_T = self._logp_entropy(batch)
         ref_logp_B_T = batch.ref_logp_B_T
@@ -163,16 +186,11 @@ class TorchTrainer:
             self.config.clip_eps_low, self.config.clip_eps_high, ref_logp_B_T, self.config.kl_coef,
         )
         out.loss.backward()
-        grads = {}
-        for name, p in self.params.items():
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            grads[name] = g.detach().to("cpu", torch.float32).reshape(-1).numpy().copy()
-            p.grad = None
         metrics = {k: float(v) for k, v in out.metrics.items()}
         metrics["loss"] = float(out.loss.detach())
         mask_B_T = batch.mask_B_T.to(entropy_B_T.dtype)
         metrics["entropy"] = float((entropy_B_T * mask_B_T).sum() / total_tokens)  # token mean, summed over mbs
-        return grads, metrics
+        return metrics
 
     def compute_chunk_grads(
         self, microbatches: Sequence[Microbatch], total_tokens: int | None = None,
