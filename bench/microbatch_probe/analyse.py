@@ -3,10 +3,10 @@
     python bench/microbatch_probe/analyse.py OUT_DIR [OUT_DIR ...] [--json FILE]
 
 OUT_DIR is what ``run_pair.sh`` wrote (``probe/mb-*.jsonl`` and the run directories).  Per
-run (records are split at gaps of > 15 s, in the order of the run directories' names) and
-role, over micro-batches of >= 500 tokens, min/median/max of: wall and thread CPU per real
-token, CPU per *padded* token (samples x longest sequence), padded / real tokens, run-queue
-wait and blocked time (wall - CPU - wait) per token, minor faults, system CPU, migrations,
+run (the records between its ``config.yaml`` and ``summary.json``) and role, over
+micro-batches of >= 500 tokens, min/median/max of: wall and thread CPU per real token, CPU
+per *padded* token (samples x longest sequence), padded / real tokens, run-queue wait and
+blocked time (wall - CPU - wait) per token, minor faults, system CPU, migrations,
 involuntary switches, GC seconds, and the CPU of the process's other threads.  Wall = CPU
 means no waiting (no GIL, lock, OpenMP or run-queue wait); CPU per padded token flat while
 CPU per real token scatters means the scatter is the padding.
@@ -27,15 +27,16 @@ def _q(v: list[float]) -> list[float] | None:
 
 
 def _runs(out: Path) -> list[tuple[str, list[dict]]]:
+    """Each run directory's records: those between its ``config.yaml`` and its ``summary.json``."""
     recs = sorted((json.loads(line) for f in glob.glob(str(out / "probe/*.jsonl")) for line in open(f)),
                   key=lambda r: r["t"])
-    runs: list[list[dict]] = [[]]
-    for r in recs:
-        if runs[-1] and r["t"] - runs[-1][-1]["t"] > 15:
-            runs.append([])
-        runs[-1].append(r)
-    names = sorted(Path(d).name for d in glob.glob(str(out / "*-00-*/")))
-    return list(zip(names, runs, strict=False))
+    runs = []
+    for d in sorted(Path(p) for p in glob.glob(str(out / "*-00-*/"))):
+        if not (d / "summary.json").exists():
+            continue
+        t0, t1 = (d / "config.yaml").stat().st_mtime, (d / "summary.json").stat().st_mtime
+        runs.append((t0, d.name, [r for r in recs if t0 <= r["t"] <= t1]))
+    return [(name, rs) for _, name, rs in sorted(runs)]
 
 
 def summarise(rs: list[dict]) -> dict:
