@@ -24,6 +24,11 @@ masks EOS until the cap on both sides (HF ``min_new_tokens``, bidirl ``rollout.m
 = vLLM ``min_tokens``), so every response of both is exactly max-new-tokens long.
 ``--task reverse_long`` (16-48 digits) gives natural answers of tens of tokens, like the
 responses of the hand measurement issue 14 quotes; ``reverse``'s are ~4 tokens.
+``--val-every K`` adds greedy validation on both sides (the task's 64 ``split="test"`` prompts
+bidirl validates on, before training and every K steps, scored by the task's reward; TRL: HF
+``generate`` with ``do_sample=False`` in a callback; bidirl: its own ``run.val_every``); each
+side's validation seconds come off its clock, so the throughput stays the training loop's.
+The script also writes ``OUT.png``: reward per step, reward against loop seconds, and validation.
 ``small`` = 2 layers / hidden 128, 32 new tokens; ``large`` =
 4 layers / hidden 256, 128 new tokens; 8 prompts x 8 responses per step.
 
@@ -88,7 +93,7 @@ def _xxhash_standin() -> None:
 
 
 def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = False, lr: float = LR,
-              task_name: str = "reverse") -> None:
+              task_name: str = "reverse", val_every: int = 0) -> None:
     """One TRL run in this process (called as ``--trl-child``); writes its figures to ``out``."""
     _xxhash_standin()
     import torch
@@ -130,9 +135,24 @@ def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = Fal
 
     model.generate = timed_generate
 
+    val_scores: list[dict] = []
+    val_s: list[float] = []  # seconds validating, taken out of the loop's clock (as bidirl's are)
+    validate = _trl_validator(generate, model, tok, task, max_new)  # untimed generate
+
+    def run_validation(step: int) -> None:
+        t = time.perf_counter()
+        val_scores.append({"step": step, "score": validate()})
+        val_s.append(time.perf_counter() - t)
+
     class Clock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            if val_every:
+                run_validation(0)
+
         def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter())
+            if val_every and (state.global_step % val_every == 0 or state.global_step == steps):
+                run_validation(state.global_step)
+            times.append(time.perf_counter() - sum(val_s))
 
     with tempfile.TemporaryDirectory(prefix="bidirl-trl-") as tmp:
         cfg = GRPOConfig(output_dir=tmp, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
@@ -149,7 +169,7 @@ def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = Fal
                               processing_class=tok, callbacks=[Clock()])
         t0 = time.perf_counter()
         trainer.train()
-        wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0 - sum(val_s)
         logs = [h for h in trainer.state.log_history if "reward" in h]
     lengths = [h["completions/mean_length"] for h in logs]
     completion_tokens = sum(n * PROMPTS * GROUP for n in lengths)
@@ -157,15 +177,44 @@ def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = Fal
     Path(out).write_text(json.dumps({
         "side": "trl", "loop_wall_s": wall, "steps": len(logs), "completion_tokens": completion_tokens,
         "completion_tokens_per_s": completion_tokens / wall, "seconds_per_step": statistics.mean(step_s),
-        "rewards": [h["reward"] for h in logs], "mean_length": lengths, "generate_s": gen_s}))
+        "rewards": [h["reward"] for h in logs], "mean_length": lengths, "generate_s": gen_s,
+        "val_scores": val_scores, "val_s": sum(val_s)}))
 
 
-def run_trl(model_dir: Path, size: str, steps: int, force: bool, lr: float, task: str) -> dict:
+def _trl_validator(generate, model, tok, task, max_new: int):
+    """Greedy answers to the validation prompts bidirl uses (the task's 64 ``split="test"`` rows,
+    ``data.seed=0``, the same chat-template ids), scored by the task's reward: mean score."""
+    import torch
+
+    from bidirl.algo.tiny_model import encode_prompt
+    from bidirl.runtime.validation import BUILTIN_VAL_ROWS
+
+    rows = task.rows(BUILTIN_VAL_ROWS, seed=0, split="test")
+    prompts = [encode_prompt(tok, r["prompt"]) for r in rows]
+    width = max(map(len, prompts))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+    def validate() -> float:
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            out = generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
+                                 pad_token_id=pad)
+        model.train(was_training)
+        texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
+        return statistics.fmean(task.score(t, r["reward_model"]["ground_truth"]) for t, r in zip(texts, rows,
+                                                                                                 strict=True))
+    return validate
+
+
+def run_trl(model_dir: Path, size: str, steps: int, force: bool, lr: float, task: str, val_every: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bidirl-trl-out-") as tmp:
         out = Path(tmp) / "trl.json"
         env = dict(os.environ, OMP_NUM_THREADS=str(CORES), TOKENIZERS_PARALLELISM="false")
         p = subprocess.run([sys.executable, __file__, "--trl-child", str(model_dir), size, str(steps), str(out),
-                            str(int(force)), str(lr), task],
+                            str(int(force)), str(lr), task, str(val_every)],
                            cwd=ROOT, capture_output=True, text=True, env=env)
         if p.returncode != 0:
             raise RuntimeError(f"TRL run failed:\n{p.stderr[-4000:]}")
@@ -173,7 +222,8 @@ def run_trl(model_dir: Path, size: str, steps: int, force: bool, lr: float, task
 
 
 # -- bidirl -------------------------------------------------------------------------------
-def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool, lr: float, task: str) -> dict:
+def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool, lr: float, task: str,
+               val_every: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bidirl-peer-") as tmp:
         run = Path(tmp) / "run"
         args = [f"model.path={model_dir}", f"data.task={task}", "data.seed=0", f"run.steps={steps}",
@@ -181,7 +231,8 @@ def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool,
                 f"rollout.max_new_tokens={SIZES[size]['max_new_tokens']}", f"trainer.lr={lr}",
                 f"rollout.min_new_tokens={SIZES[size]['max_new_tokens'] if force else 0}",
                 f"scheduler.policy={policy}", "cluster.rollout_devices=1", "cluster.train_devices=1",
-                "run.val_every=0", "run.plot=false", "run.tensorboard=false", "run.checkpoint_every=0"]
+                f"run.val_every={val_every}", f"run.val_before_train={str(bool(val_every)).lower()}",
+                "run.plot=false", "run.tensorboard=false", "run.checkpoint_every=0"]
         env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
         p = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *args],
                            cwd=ROOT, capture_output=True, text=True, env=env)
@@ -192,9 +243,15 @@ def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool,
         recs = [json.loads(x) for x in lines]
         lengths = [d["response_length/mean"] for d in recs if "response_length/mean" in d and "critic/score/mean" in d]
         gen_s = [d["timing_s/gen"] for d in recs if "timing_s/gen" in d and "critic/score/mean" in d]
+        vals = [d for d in recs if "val/score/mean" in d]
+    # The validations inside the loop took their seconds of replica 0's device from the rollout;
+    # like TRL's they come off the clock (the final one is outside the loop already).
+    val_s = sum(d["timing_s/val"] for d in vals if d["step"] < steps)
+    wall = s["wall_s"] - val_s
     completion_tokens = sum(n * PROMPTS * GROUP for n in lengths)
-    return {"side": "bidirl", "policy": policy, "loop_wall_s": s["wall_s"], "steps": s["steps"],
-            "completion_tokens": completion_tokens, "completion_tokens_per_s": completion_tokens / s["wall_s"],
+    return {"side": "bidirl", "policy": policy, "loop_wall_s": wall, "steps": s["steps"],
+            "completion_tokens": completion_tokens, "completion_tokens_per_s": completion_tokens / wall,
+            "val_scores": [{"step": d["step"], "score": d["val/score/mean"]} for d in vals], "val_s": val_s,
             "seconds_per_step": statistics.mean(s["step_times_s"]), "rewards": s["rewards"], "mean_length": lengths,
             "borrows": s["borrows"], "gen_s": gen_s}
 
@@ -208,10 +265,63 @@ def summarise(pairs: list[dict]) -> dict:
             "ratios": ratios,
             "bidirl": {"completion_tokens_per_s": med("bidirl", "completion_tokens_per_s"),
                        "seconds_per_step": med("bidirl", "seconds_per_step"),
-                       "reward_last_10": _last(pairs, "bidirl")},
+                       "reward_last_10": _last(pairs, "bidirl"),
+                       "val_first": _val(pairs, "bidirl", 0), "val_last": _val(pairs, "bidirl", -1)},
             "trl": {"completion_tokens_per_s": med("trl", "completion_tokens_per_s"),
                     "seconds_per_step": med("trl", "seconds_per_step"),
-                    "reward_last_10": _last(pairs, "trl")}}
+                    "reward_last_10": _last(pairs, "trl"),
+                    "val_first": _val(pairs, "trl", 0), "val_last": _val(pairs, "trl", -1)}}
+
+
+def _val(pairs: list[dict], side: str, which: int) -> float | None:
+    """The first (``which=0``) or last (``-1``) validation score, averaged over pairs."""
+    scores = [p[side]["val_scores"][which]["score"] for p in pairs if p[side].get("val_scores")]
+    return statistics.mean(scores) if scores else None
+
+
+def _mean_curve(runs: list[dict], key: str) -> list[float]:
+    n = min(len(r[key]) for r in runs)
+    return [statistics.mean(r[key][i] for r in runs) for i in range(n)]
+
+
+def plot(result: dict, png: Path) -> Path:
+    """Reward per step, reward against loop seconds and greedy validation, both sides (mean over pairs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    has_val = any(r[side].get("val_scores") for r in runs for side in ("trl", "bidirl"))
+    fig, axes = plt.subplots(1, 3 if has_val else 2, figsize=(15 if has_val else 10, 4))
+    for side, label in (("trl", "TRL GRPOTrainer"), ("bidirl", "bidirl")):
+        sides = [r[side] for r in runs]
+        reward = _mean_curve(sides, "rewards")
+        axes[0].plot(range(1, len(reward) + 1), reward, label=label)
+        per_step = [r["loop_wall_s"] / max(1, r["steps"]) for r in sides]
+        seconds = statistics.mean(per_step)
+        axes[1].plot([seconds * (i + 1) for i in range(len(reward))], reward, label=label)
+        if has_val:
+            by_step: dict[int, list[float]] = {}
+            for r in sides:
+                for v in r.get("val_scores", []):
+                    by_step.setdefault(v["step"], []).append(v["score"])
+            steps = sorted(by_step)
+            axes[2].plot(steps, [statistics.mean(by_step[k]) for k in steps], marker="o", label=label)
+    s = result["settings"]
+    axes[0].set(xlabel="step", ylabel="mean reward", title=f"{s['model_size']} model, {s.get('task', 'reverse')}")
+    axes[1].set(xlabel="training-loop seconds (mean s/step x step)", ylabel="mean reward",
+                title=f"bidirl / TRL completion tok/s: {result['ratio_completion_tokens_per_s']:.2f}")
+    if has_val:
+        axes[2].set(xlabel="step", ylabel="greedy validation score", title="validation (64 test prompts)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{result['pairs']} interleaved pairs, mean over pairs")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
 
 
 def _last(pairs: list[dict], side: str, k: int = 10) -> float:
@@ -222,7 +332,7 @@ def _last(pairs: list[dict], side: str, k: int = 10) -> float:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--trl-child":
         a = sys.argv
-        trl_child(a[2], a[3], int(a[4]), a[5], a[6] == "1", float(a[7]), a[8])
+        trl_child(a[2], a[3], int(a[4]), a[5], a[6] == "1", float(a[7]), a[8], int(a[9]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-size", choices=sorted(SIZES), default="small")
@@ -234,13 +344,17 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=LR, help="learning rate (both sides)")
     ap.add_argument("--task", default="reverse", choices=("reverse", "reverse_long"),
                     help="built-in task (prompts, reward, warm start); reverse_long: 16-48 digits, long answers")
+    ap.add_argument("--val-every", type=int, default=0,
+                    help="both sides validate greedily on the task's 64 test prompts before training and every "
+                         "K steps (off the clock on both sides); 0: no validation")
     ap.add_argument("--json", required=True)
     ap.add_argument("--append", action="store_true", help="add pairs to OUT (same settings)")
     a = ap.parse_args()
     path = Path(a.json)
     settings = {"model_size": a.model_size, **SIZES[a.model_size], "steps": a.steps, "prompts_per_step": PROMPTS,
                 "group_size": GROUP, "lr": a.lr, "cores": CORES, "policy": a.policy,
-                "force_length": a.force_length, **({"task": a.task} if a.task != "reverse" else {})}
+                "force_length": a.force_length, **({"task": a.task} if a.task != "reverse" else {}),
+                **({"val_every": a.val_every} if a.val_every else {})}
     pairs = []
     if a.append and path.is_file():
         old = json.loads(path.read_text())
@@ -250,8 +364,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bidirl-peer-model-") as tmp:
         model_dir = build_model(a.model_size, Path(tmp), a.task)
         for k in range(a.pairs):
-            trl = run_trl(model_dir, a.model_size, a.steps, a.force_length, a.lr, a.task)
-            ours = run_bidirl(model_dir, a.model_size, a.steps, a.policy, a.force_length, a.lr, a.task)
+            trl = run_trl(model_dir, a.model_size, a.steps, a.force_length, a.lr, a.task, a.val_every)
+            ours = run_bidirl(model_dir, a.model_size, a.steps, a.policy, a.force_length, a.lr, a.task, a.val_every)
             pairs.append({"trl": trl, "bidirl": ours, "date": time.strftime("%Y-%m-%d %H:%M"), "code": _code(),
                           "load_avg": os.getloadavg()[0]})
             print(f"[peer_trl] pair {k + 1}: TRL {trl['completion_tokens_per_s']:.0f} completion tok/s, "
@@ -260,6 +374,7 @@ def main() -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"settings": settings, **summarise(pairs), "runs": pairs}, indent=1))
     result = json.loads(path.read_text())
+    print(f"[peer_trl] plot: {plot(result, path.with_suffix('.png'))}", file=sys.stderr)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
     return 0
 
