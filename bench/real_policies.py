@@ -70,8 +70,8 @@ WORKLOADS = {
         ("rollout.prompts_per_step=4", "rollout.max_new_tokens=288", "rollout.max_new_tokens_start=8",
          "rollout.max_num_seqs=2", "trainer.micro_batch_size=8"), long_prompts=True, steps=12),
     "balanced": Workload(
-        "responses <= 128 tokens, all 64 at once: rollout and training take about as long",
-        ("rollout.max_new_tokens=128", "trainer.micro_batch_size=16")),
+        "responses <= 128 tokens, all 64 at once, a KL term: rollout and training take about as long",
+        ("rollout.max_new_tokens=128", "trainer.micro_batch_size=16", "trainer.kl_coef=0.01")),
 }
 POLICIES = ("async", "bidirl")
 
