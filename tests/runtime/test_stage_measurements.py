@@ -9,6 +9,7 @@ from fake_run import run_fake
 
 from bidirl.controller.events import StageMeasured, WeightsSynced
 from bidirl.runtime.rollout_driver import DECODE_SAMPLE_S, PREFILL_BURST, RolloutDriver
+from bidirl.runtime.rollout_role import PrefillBurst
 
 
 def test_the_weight_sync_model_learns_the_devices_load_not_the_drivers_wait():
@@ -38,9 +39,9 @@ def test_each_prefill_measurement_comes_with_its_raw_burst_in_the_profile():
 
 
 def test_a_prefill_is_taken_beyond_the_recent_decode_steps_when_the_engine_gives_them():
-    # (tokens, beyond the last decode step, steps, batch, context, seconds, beyond the median)
-    assert RolloutDriver.prefill_seconds((40, 0.004, 1, 3, 3000, 0.009, 0.003)) == 0.003
-    assert RolloutDriver.prefill_seconds((40, 0.004)) == 0.004  # a runtime that reports the short form
+    burst = PrefillBurst(tokens=40, beyond_last_s=0.004, steps=1, batch=3, context=3000, seconds=0.009,
+                         beyond_median_s=0.003)
+    assert RolloutDriver.prefill_seconds(burst) == 0.003
 
 
 def test_decode_is_measured_in_sums_of_at_least_the_sample_length():

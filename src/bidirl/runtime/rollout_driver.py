@@ -13,6 +13,7 @@ from bidirl.controller.actions import AssignGroups
 from bidirl.controller.events import GroupsCompleted, GroupsInterrupted, StageMeasured
 from bidirl.controller.state import Phase
 from bidirl.core.ledger import Role
+from bidirl.runtime.rollout_role import PrefillBurst
 
 POLL_TIMEOUT_S = 2.0  # a poll returns earlier when anything finished; this only bounds a quiet wait
 # Decode steps are summed into one measurement of at least this long: the stage model
@@ -119,12 +120,12 @@ class RolloutDriver:
 
     def _measured(self, u: int, out: dict) -> None:
         ex = self.ex
-        for burst in out.get("prefills", []):
-            if burst[0] > 0:
-                if len(burst) >= 7:  # the raw burst, for the profile only (bench/stage_model_errors.py)
-                    ex.profile.append((ex.now(), StageMeasured(
-                        PREFILL_BURST, tuple(map(float, burst[:5])) + (float(burst[6]),), float(burst[5]))))
-                ex.deliver(StageMeasured("prefill", (1.0, float(burst[0])), self.prefill_seconds(burst)))
+        for raw in out.get("prefills", []):
+            b = PrefillBurst(*raw)
+            if b.tokens > 0:  # the raw burst goes to the profile only (bench/stage_model_errors.py)
+                ex.profile.append((ex.now(), StageMeasured(PREFILL_BURST, tuple(map(float, (
+                    b.tokens, b.beyond_last_s, b.steps, b.batch, b.context, b.beyond_median_s))), float(b.seconds))))
+                ex.deliver(StageMeasured("prefill", (1.0, float(b.tokens)), self.prefill_seconds(b)))
         m, acc = out["measurements"], self.decode_sum[u]
         if m:
             ex.last_work_s[ex.unit_device(u)] = max(x for _, _, x in m)
@@ -137,18 +138,15 @@ class RolloutDriver:
             self.decode_sum[u] = [0.0, 0.0, 0.0, 0.0]
 
     @staticmethod
-    def prefill_seconds(burst: tuple) -> float:
-        """A prefill burst's time beyond the decode steps the engine would have run anyway.
-
-        ``burst``: ``(tokens, seconds beyond the last decode step)``, or with the burst's
-        ``(steps, running batch, context tokens, seconds, seconds beyond the recent decode
-        steps' median)`` after them (``RolloutRole.poll``): the median when given.  Taking
-        the decode model's prediction of the burst's decode work off its whole steps instead
-        was tried and measured worse (rollout-heavy async: median error 0.50 against 0.31
-        for the last step's time, same run): the steps next to the burst share its
-        contention, a model fitted over the run does not.
+    def prefill_seconds(burst: PrefillBurst) -> float:
+        """A prefill burst's time beyond the decode steps the engine would have run anyway:
+        beyond the recent decode steps' median (one step's time scatters as much as the
+        prefill taken from it).  Taking the decode model's prediction of the burst's decode
+        work off its whole steps instead was tried and measured worse (rollout-heavy async:
+        median error 0.50 against 0.31 for the last step's time, same run): the steps next
+        to the burst share its contention, a model fitted over the run does not.
         """
-        return burst[6] if len(burst) >= 7 else burst[1]
+        return burst.beyond_median_s
 
     def _completed(self, u: int, gids: list[int]) -> GroupsCompleted:
         store, now = self.ex.job.store, self.ex.now()

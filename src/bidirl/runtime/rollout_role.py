@@ -32,16 +32,27 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from statistics import median
+from typing import NamedTuple
 
 from bidirl.runtime.vllm_env import apply_vllm_env
 
 DECODE_REF_STEPS = 3  # pure decode steps whose median a prefill step's time is taken beyond
 
 
+class PrefillBurst(NamedTuple):
+    """One prefill burst as ``RolloutRole.poll`` reports it (``prefills``)."""
+
+    tokens: int  # prompt tokens prefilled
+    beyond_last_s: float  # its steps' time beyond the last pure decode step (the older measure)
+    steps: int  # engine steps in the burst
+    batch: int  # requests past their prefill that its steps decoded, summed over its steps
+    context: int  # their context tokens, summed over its steps
+    seconds: float  # its steps' whole time
+    beyond_median_s: float  # its steps' time beyond the recent decode steps' median: the measurement
+
+
 def _new_burst() -> list:
-    """A prefill burst before its first step: tokens prefilled, seconds beyond the last decode
-    step, steps, their summed running batch and context (decode work), their seconds, seconds
-    beyond the recent decode steps' median (``RolloutRole.poll``'s ``prefills``)."""
+    """A prefill burst before its first step, as a list of :class:`PrefillBurst`'s fields."""
     return [0, 0.0, 0, 0, 0, 0.0, 0.0]
 
 
@@ -200,10 +211,7 @@ class RolloutRole:
         Returns at once when something finished, when nothing is live, or when a control
         call arrived (so the driver's calls queued behind this one are not held up).
         ``measurements`` holds ``(batch, context_tokens, seconds)`` per decode step since
-        the last poll, ``prefills`` ``(prompt_tokens, seconds beyond the last decode step,
-        steps, batch, context_tokens, seconds, seconds beyond the recent decode steps'
-        median)`` per prefill burst (batch and context: the requests past their prefill that
-        its steps decoded, summed over its steps).
+        the last poll, ``prefills`` a :class:`PrefillBurst` per prefill burst.
         """
         deadline = time.perf_counter() + timeout_s
         with self._cv:
@@ -450,7 +458,7 @@ class RolloutRole:
         ref = median(self._decode_steps) if decoding and self._decode_steps else 0.0
         b[6] += max(0.0, took - ref)
         if not self._unprefilled or len(self._live) - len(self._unprefilled) >= self._max_seqs:
-            self._prefills.append(tuple(b))
+            self._prefills.append(PrefillBurst(*b))
             self._burst = _new_burst()
 
     # -- internals --------------------------------------------------------------------
