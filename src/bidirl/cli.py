@@ -22,7 +22,7 @@ from bidirl.policy import policy_names
 # ``bidirl.sim.confirm.DEFAULT_K``, spelled here so that building the parser (for every
 # command, ``train`` included) does not import the planner and the simulator; a test
 # keeps the two equal
-DEFAULT_CONFIRM = 3
+DEFAULT_CONFIRM = 8
 
 
 class UserError(Exception):
@@ -113,7 +113,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         chosen = planner.plan(sc, steps=args.steps)  # predicted over the steps that run
         chosen = confirm(sc, chosen, k=args.confirm)
         sc = planner.scenario_with_envelope(sc, chosen.envelope)
-        how = (f", best simulated of the planner's {len(chosen.confirmed)} best"
+        how = (f", best simulated of the planner's {len(chosen.confirmed)} closest"
                if chosen.confirmed else "")
         print(f"planner envelope: {chosen.envelope.label()} (predicted "
               f"{chosen.predicted_tokens_per_s:,.0f} tokens/s{how})", file=sys.stderr)
@@ -241,8 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plan", choices=("fixed", "auto"), default="fixed",
                    help="auto: run on the planner's envelope instead of the scenario's split")
     s.add_argument("--confirm", type=_count(0), default=DEFAULT_CONFIRM, metavar="K",
-                   help="with --plan auto: simulate the planner's K best envelopes and run on the "
-                   f"best simulated (default {DEFAULT_CONFIRM}; 0 or 1: the planner's pick as is)")
+                   help="with --plan auto: simulate up to K of the envelopes the planner predicts within "
+                   f"5%% of its best and run on the best simulated (default {DEFAULT_CONFIRM}; 0 or 1: the "
+                   "planner's pick as is)")
     s.add_argument("--allow-oversubscribe", action="store_true",
                    help="run a split whose rollout replica or trainer does not fit in device memory "
                    "(refused otherwise, naming the role and its memory); borrowed roles still go only where "
@@ -255,8 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--scenario", default="default")
     pl.add_argument("--top", type=_count(1), default=5, help="how many envelopes to list (>= 1)")
     pl.add_argument("--confirm", type=_count(0), default=DEFAULT_CONFIRM, metavar="K",
-                    help="simulate the planner's K best envelopes and pick the best simulated "
-                    f"(default {DEFAULT_CONFIRM}; 0 or 1: the planner's prediction alone)")
+                    help="simulate up to K of the envelopes predicted within 5%% of the best and pick "
+                    f"the best simulated (default {DEFAULT_CONFIRM}; 0 or 1: the planner's prediction alone)")
     pl.add_argument("--json")
     pl.set_defaults(func=cmd_plan)
 

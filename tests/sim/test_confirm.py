@@ -9,7 +9,13 @@ import pytest
 from bidirl import cli
 from bidirl.planner.plan import plan
 from bidirl.sim import confirm as confirm_mod
-from bidirl.sim.confirm import CONFIRM_SEED_OFFSET, CONFIRM_STEPS, confirm, simulate_envelope
+from bidirl.sim.confirm import (
+    CONFIRM_BAND,
+    CONFIRM_SEED_OFFSET,
+    CONFIRM_STEPS,
+    confirm,
+    simulate_envelope,
+)
 from bidirl.sim.scenario import load
 
 
@@ -31,7 +37,7 @@ def test_the_best_simulated_of_the_short_list_becomes_the_pick(planned):
     labels = [c.envelope.label() for c in res.candidates[:3]]
     calls: list = []
     values = {labels[0]: 100.0, labels[1]: 90.0, labels[2]: 130.0}
-    got = confirm(sc, res, k=3, runner=_scripted(values, calls))
+    got = confirm(sc, res, k=3, band=0.99, runner=_scripted(values, calls))
     third = res.candidates[2]
     assert got.envelope == third.envelope and got.prediction is third.prediction
     assert got.candidates[0] is third and len(got.candidates) == len(res.candidates)
@@ -49,8 +55,21 @@ def test_the_best_simulated_of_the_short_list_becomes_the_pick(planned):
 
 def test_a_simulated_tie_keeps_the_planners_order(planned):
     sc, res = planned
-    got = confirm(sc, res, k=3, runner=lambda *a: 50.0)
+    got = confirm(sc, res, k=3, band=0.99, runner=lambda *a: 50.0)
     assert got.envelope == res.envelope and got.candidates[0] is res.candidates[0]
+
+
+def test_only_envelopes_within_the_band_are_simulated(planned):
+    """Predictions further below the best than the band are not simulated, whatever k."""
+    sc, res = planned
+    top = max(c.prediction.tokens_per_s for c in res.candidates)
+    for band in (0.01, 0.03, CONFIRM_BAND):
+        inside = [c.envelope.label() for c in res.candidates
+                  if c.prediction.tokens_per_s >= (1 - band) * top][:8]
+        calls: list = []
+        got = confirm(sc, res, k=8, band=band, runner=_scripted(dict.fromkeys(inside, 1.0), calls))
+        assert [c[0] for c in calls] == (inside if len(inside) >= 2 else [])
+        assert (got is res) == (len(inside) < 2)
 
 
 @pytest.mark.parametrize("k", [0, 1])
@@ -65,13 +84,15 @@ def test_a_negative_short_list_is_refused(planned):
     sc, res = planned
     with pytest.raises(ValueError, match="k .* must be >= 0, got -1"):
         confirm(sc, res, k=-1)
+    with pytest.raises(ValueError, match=r"band .* must be in \[0, 1\), got 1.5"):
+        confirm(sc, res, band=1.5)
 
 
 def test_the_simulator_confirms_with_the_figures_it_reports(planned):
     """With the real simulator: the pick is the best of the rows, and each row is what
     simulating that envelope on the confirmation's seed gives (the runs are deterministic)."""
     sc, res = planned
-    got = confirm(sc, res, k=2)
+    got = confirm(sc, res, k=2, band=0.99)
     assert len(got.confirmed) == 2 and got.confirm_seed == sc.seed + CONFIRM_SEED_OFFSET
     best = max(got.confirmed, key=lambda r: r["simulated_tokens_per_s"])
     assert got.envelope.label() == best["envelope"]
@@ -84,7 +105,10 @@ def test_bidirl_plan_confirms_by_default_and_can_be_told_not_to(tmp_path, capsys
     assert cli.main(["plan", "--scenario", "default", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     rows = got["confirmed"]["envelopes"]
-    assert len(rows) == confirm_mod.DEFAULT_K
+    res = plan(load("default"))
+    top = max(c.prediction.tokens_per_s for c in res.candidates)
+    inside = [c for c in res.candidates if c.prediction.tokens_per_s >= (1 - CONFIRM_BAND) * top]
+    assert len(rows) == min(len(inside), confirm_mod.DEFAULT_K) >= 2
     assert got["envelope"] == got["alternatives"][0]["envelope"]
     best = max(rows, key=lambda r: r["simulated_tokens_per_s"])
     assert "confirmed by simulation" in capsys.readouterr().out

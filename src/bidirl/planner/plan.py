@@ -114,7 +114,7 @@ class PlanResult:
         if self.confirmed:
             lines.append(f"  confirmed by simulation ({self.confirm_steps} steps, length seed "
                          f"{self.confirm_seed}, {self.confirm_s:.1f} s): the best simulated of "
-                         f"the planner's {len(self.confirmed)} best")
+                         f"the {len(self.confirmed)} envelopes predicted closest to the best")
             for row in self.confirmed:
                 mark = "*" if row["envelope"] == self.envelope.label() else " "
                 lines.append(f"   {mark}{row['simulated_tokens_per_s']:>10,.0f} tok/s simulated, "

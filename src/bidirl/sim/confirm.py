@@ -8,7 +8,10 @@ trainer units, auxiliary trainers that start later than modelled): on unseen ran
 clusters its regret reached 11.8 % (BENCHMARKS.md, Planner, "The short list, confirmed").
 The discrete-event simulator runs the same policy code and is checked against measured
 runs, but costs 0.05-1 s an envelope over a short horizon; so ``bidirl plan`` simulates
-the planner's ``k`` best (default ``DEFAULT_K``) and takes the best simulated.
+the envelopes the planner cannot tell apart, those predicted within ``CONFIRM_BAND`` of
+its best (its median error over every envelope is ~4 %), at most ``k`` of them (default
+``DEFAULT_K``), and takes the best simulated.  When the runner-up is predicted further
+below than that, the prediction's gap is larger than its error and nothing is simulated.
 
 What keeps it honest:
 
@@ -31,9 +34,11 @@ from bidirl.planner.envelope import Envelope, scenario_with_envelope
 from bidirl.planner.plan import PlanResult
 from bidirl.sim.scenario import Scenario
 
-__all__ = ["DEFAULT_K", "CONFIRM_STEPS", "CONFIRM_SEED_OFFSET", "confirm", "simulate_envelope"]
+__all__ = ["DEFAULT_K", "CONFIRM_BAND", "CONFIRM_STEPS", "CONFIRM_SEED_OFFSET", "confirm",
+           "simulate_envelope"]
 
-DEFAULT_K = 3  # the planner's best 3: on 108 scenarios the best simulated was among them in N
+DEFAULT_K = 8  # at most this many simulations (the band holds 6 on average on the regret bench)
+CONFIRM_BAND = 0.05  # envelopes predicted within 5 % of the best are simulated
 CONFIRM_STEPS = 16  # steps simulated per envelope (or the plan's horizon, if shorter)
 CONFIRM_SEED_OFFSET = 104_729  # a prime: the lengths drawn are not the run's own
 
@@ -49,18 +54,24 @@ def simulate_envelope(sc: Scenario, env: Envelope, steps: int, seed: int) -> flo
     return res.throughput_tokens_per_s
 
 
-def confirm(sc: Scenario, result: PlanResult, k: int = DEFAULT_K,
+def confirm(sc: Scenario, result: PlanResult, k: int = DEFAULT_K, band: float = CONFIRM_BAND,
             steps: int | None = None, runner: Runner = simulate_envelope) -> PlanResult:
-    """``result`` with its pick replaced by the best simulated of its ``k`` best candidates.
+    """``result`` with its pick replaced by the best simulated of its short list: the
+    candidates predicted within ``band`` of the best prediction, at most ``k``.
 
-    ``k = 0`` or ``1`` returns ``result`` unchanged (nothing to choose between).  The
-    candidates are the planner's order (its tie-broken pick first, then best predicted
-    first), screened-out ones excluded; a simulated tie keeps the planner's order.  The
-    returned result's ``confirmed`` lists each one's predicted and simulated tokens/s.
+    A short list of fewer than two (``k`` 0 or 1, or no runner-up within the band) returns
+    ``result`` unchanged.  The candidates keep the planner's order (its tie-broken pick
+    first, then best predicted first), screened-out ones excluded; a simulated tie keeps
+    that order.  The returned result's ``confirmed`` lists each one's predicted and
+    simulated tokens/s.
     """
     if k < 0:
         raise ValueError(f"k (envelopes to confirm by simulation) must be >= 0, got {k}")
-    shortlist = [c for c in result.candidates if not c.prediction.screened_out][:k]
+    if not 0.0 <= band < 1.0:
+        raise ValueError(f"band (share of the best prediction) must be in [0, 1), got {band}")
+    ranked = [c for c in result.candidates if not c.prediction.screened_out]
+    top = max((c.prediction.tokens_per_s for c in ranked), default=0.0)
+    shortlist = [c for c in ranked if c.prediction.tokens_per_s >= (1.0 - band) * top][:k]
     if len(shortlist) < 2:
         return result
     horizon = min(steps or result.steps or CONFIRM_STEPS, CONFIRM_STEPS)
