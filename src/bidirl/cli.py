@@ -111,7 +111,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from bidirl.sim.confirm import confirm
 
         chosen = planner.plan(sc, steps=args.steps)  # predicted over the steps that run
-        chosen = confirm(sc, chosen, k=args.confirm)
+        chosen = confirm(sc, chosen, k=args.confirm, progress=_confirm_progress)
         sc = planner.scenario_with_envelope(sc, chosen.envelope)
         how = (f", best simulated of the planner's {len(chosen.confirmed)} closest"
                if chosen.confirmed else "")
@@ -172,6 +172,12 @@ def _simulate_grid(args: argparse.Namespace) -> int:
     return 0
 
 
+def _confirm_progress(i: int, n: int, row: dict) -> None:
+    """One line on stderr per envelope the planner's short list simulates."""
+    print(f"[confirm {i}/{n}] {row['envelope']}: {row['simulated_tokens_per_s']:,.0f} tokens/s "
+          f"simulated ({row['predicted_tokens_per_s']:,.0f} predicted)", file=sys.stderr)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from bidirl.planner import plan as planner
     from bidirl.sim import scenario as scn
@@ -180,7 +186,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     sc = scn.load(args.scenario)
     from bidirl.sim.confirm import confirm
 
-    result = confirm(sc, planner.plan(sc, top_k=args.top), k=args.confirm)
+    result = confirm(sc, planner.plan(sc, top_k=args.top), k=args.confirm,
+                     progress=_confirm_progress)
     print(result.format() if hasattr(result, "format") else result)
     if args.json:
         _write_json(args.json, result.to_json())

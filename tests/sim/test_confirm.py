@@ -111,7 +111,10 @@ def test_bidirl_plan_confirms_by_default_and_can_be_told_not_to(tmp_path, capsys
     assert len(rows) == min(len(inside), confirm_mod.DEFAULT_K) >= 2
     assert got["envelope"] == got["alternatives"][0]["envelope"]
     best = max(rows, key=lambda r: r["simulated_tokens_per_s"])
-    assert "confirmed by simulation" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "confirmed by simulation" in captured.out
+    progress = [line for line in captured.err.splitlines() if line.startswith("[confirm ")]
+    assert len(progress) == len(rows) and progress[-1].startswith(f"[confirm {len(rows)}/{len(rows)}] ")
     assert got["label"] == best["envelope"] == got["alternatives"][0]["label"]
     assert cli.main(["plan", "--scenario", "default", "--confirm", "0", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["confirmed"] is None
