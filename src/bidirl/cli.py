@@ -174,8 +174,10 @@ def _simulate_grid(args: argparse.Namespace) -> int:
 
 def _confirm_progress(i: int, n: int, row: dict) -> None:
     """One line on stderr per envelope the planner's short list simulates."""
-    print(f"[confirm {i}/{n}] {row['envelope']}: {row['simulated_tokens_per_s']:,.0f} tokens/s "
-          f"simulated ({row['predicted_tokens_per_s']:,.0f} predicted)", file=sys.stderr)
+    got = (f"{row['simulated_tokens_per_s']:,.0f} tokens/s simulated"
+           if row["simulated_tokens_per_s"] is not None else f"refused by the simulator: {row['refused']}")
+    print(f"[confirm {i}/{n}] {row['envelope']}: {got} ({row['predicted_tokens_per_s']:,.0f} "
+          f"predicted)", file=sys.stderr)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

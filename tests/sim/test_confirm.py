@@ -128,3 +128,27 @@ def test_a_negative_confirm_is_a_usage_error(capsys):
 
 def test_the_parsers_default_is_the_modules():
     assert cli.DEFAULT_CONFIRM == confirm_mod.DEFAULT_K
+
+
+def test_an_envelope_the_simulator_refuses_is_reported_and_not_picked(planned):
+    from bidirl.sim.scenario import ScenarioError
+
+    sc, res = planned
+    first = res.candidates[0].envelope.label()
+
+    def runner(s, env, steps, seed):
+        if env.label() == first:
+            raise ScenarioError("pools: the rollout replica needs 99 GiB per device")
+        return 10.0
+
+    got = confirm(sc, res, k=2, band=0.99, runner=runner)
+    assert got.envelope == res.candidates[1].envelope
+    refused = got.confirmed[0]
+    assert refused["simulated_tokens_per_s"] is None and "99 GiB" in refused["refused"]
+    assert "refused by the simulator" in got.format()
+
+    def refuse_all(*a):
+        raise ScenarioError("pools: nothing fits")
+
+    kept = confirm(sc, res, k=2, band=0.99, runner=refuse_all)
+    assert kept.envelope == res.envelope and len(kept.confirmed) == 2

@@ -117,8 +117,10 @@ class PlanResult:
                          f"the {len(self.confirmed)} envelopes predicted closest to the best")
             for row in self.confirmed:
                 mark = "*" if row["envelope"] == self.envelope.label() else " "
-                lines.append(f"   {mark}{row['simulated_tokens_per_s']:>10,.0f} tok/s simulated, "
-                             f"{row['predicted_tokens_per_s']:>10,.0f} predicted  {row['envelope']}")
+                sim = row["simulated_tokens_per_s"]
+                got = f"{sim:>10,.0f} tok/s simulated," if sim is not None else "   refused by the simulator,"
+                lines.append(f"   {mark}{got} {row['predicted_tokens_per_s']:>10,.0f} predicted  "
+                             f"{row['envelope']}" + (f" ({row['refused']})" if sim is None else ""))
         by = Counter(r.constraint for r in self.rejected)
         if by:
             lines.append("  rejected: " + ", ".join(f"{k} {v}" for k, v in by.most_common()))

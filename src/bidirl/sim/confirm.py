@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from bidirl.planner.envelope import Envelope, scenario_with_envelope
 from bidirl.planner.plan import PlanResult
-from bidirl.sim.scenario import Scenario
+from bidirl.sim.scenario import Scenario, ScenarioError
 
 __all__ = ["DEFAULT_K", "CONFIRM_BAND", "CONFIRM_STEPS", "CONFIRM_SEED_OFFSET", "confirm",
            "simulate_envelope"]
@@ -64,7 +64,9 @@ def confirm(sc: Scenario, result: PlanResult, k: int = DEFAULT_K, band: float = 
     ``result`` unchanged.  The candidates keep the planner's order (its tie-broken pick
     first, then best predicted first), screened-out ones excluded; a simulated tie keeps
     that order.  The returned result's ``confirmed`` lists each one's predicted and
-    simulated tokens/s (``rank``: the planner's order).  ``progress(i, n, row)`` is called
+    simulated tokens/s (``rank``: the planner's order); an envelope the simulator refuses
+    (``ScenarioError``, e.g. a role that does not fit) gets ``simulated_tokens_per_s: None``
+    and the reason, and is not picked.  ``progress(i, n, row)`` is called
     after each simulation (the CLI prints it: at 1,024 devices one takes ~2 s).
     """
     if k < 0:
@@ -80,12 +82,20 @@ def confirm(sc: Scenario, result: PlanResult, k: int = DEFAULT_K, band: float = 
     seed = (sc.seed or 0) + CONFIRM_SEED_OFFSET
     rows, t0 = [], time.perf_counter()
     for rank, c in enumerate(shortlist):
-        rows.append({"rank": rank, "envelope": c.envelope.label(),
-                     "predicted_tokens_per_s": round(c.prediction.tokens_per_s, 2),
-                     "simulated_tokens_per_s": round(runner(sc, c.envelope, horizon, seed), 2)})
+        row = {"rank": rank, "envelope": c.envelope.label(),
+               "predicted_tokens_per_s": round(c.prediction.tokens_per_s, 2)}
+        try:
+            row["simulated_tokens_per_s"] = round(runner(sc, c.envelope, horizon, seed), 2)
+        except ScenarioError as e:
+            row.update(simulated_tokens_per_s=None, refused=str(e))
+        rows.append(row)
         if progress is not None:
-            progress(rank + 1, len(shortlist), rows[-1])
-    best = max(range(len(rows)), key=lambda i: (rows[i]["simulated_tokens_per_s"], -i))
+            progress(rank + 1, len(shortlist), row)
+    ran = [i for i, r in enumerate(rows) if r["simulated_tokens_per_s"] is not None]
+    if not ran:  # nothing simulated: the planner's pick stands, with the reasons
+        return replace(result, confirmed=rows, confirm_steps=horizon, confirm_seed=seed,
+                       confirm_s=time.perf_counter() - t0)
+    best = max(ran, key=lambda i: (rows[i]["simulated_tokens_per_s"], -i))
     pick = shortlist[best]
     order = [pick] + [c for c in result.candidates if c is not pick]
     return replace(result, envelope=pick.envelope, prediction=pick.prediction,
