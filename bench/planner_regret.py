@@ -6,7 +6,10 @@ sizes, device counts, length distributions and staleness bounds):
 * plan it (``bidirl.planner.plan.plan``) over the same number of steps the simulator runs;
 * simulate the ``bidirl`` policy on every compatible envelope (or, with
   ``--max-envelopes K``, on the K best predicted plus the best predicted of every split);
-* regret = (best simulated throughput - simulated throughput of the pick) / best;
+* regret = (best simulated throughput - simulated throughput of the pick) / best, for
+  the planner's own pick (``regret``) and for the pick ``bidirl plan`` makes by default,
+  the best simulated of the planner's ``--confirm K`` best (``bidirl.sim.confirm``: its
+  own length seed, so not the oracle's runs; ``confirmed_regret``);
 * prediction error = |predicted - simulated| / simulated, for the pick and for all;
 * on grid scenarios, "separate the two gains": ``async`` and ``bidirl`` on the
   baseline-aligned half/half split, ``async`` on its best simulated split, ``bidirl`` on
@@ -41,6 +44,7 @@ from pathlib import Path
 
 from bidirl.planner.envelope import Envelope, envelope_of
 from bidirl.planner.plan import PlanError, plan, scenario_with_envelope
+from bidirl.sim.confirm import DEFAULT_K, confirm
 from bidirl.sim.grid import half_split, paper_grid
 from bidirl.sim.scenario import ResponseLength, Scenario, Workload
 
@@ -50,6 +54,7 @@ RANDOM_MODELS = ("Qwen3-4B", "Qwen3-8B", "Qwen2.5-7B", "Qwen3-14B", "Qwen3-32B")
 RANDOM_DEVICES = (6, 10, 12, 14, 20, 24, 28, 36, 40, 48)
 SEED_STRIDE = 7919  # seeds of one scenario's repetitions: sc.seed, sc.seed + 7919, ...
 SIM_PACKAGES = ("policy", "sim", "controller", "perf", "core", "frame")  # what a simulated run executes
+NOT_SIMULATED = ("sim/confirm.py",)  # in those packages, but a client of the simulator, not run by it
 # and, of the planner, only the modules the simulator imports (planner.compat.split_fit sizes
 # its memory): the planner's prediction (predict, pipeline, stages, plan) is not simulated,
 # so a change to it re-scores cached runs instead of re-simulating them
@@ -71,7 +76,8 @@ def _imported_by_simulator() -> tuple[Path, list[Path]]:
 def sim_code_version() -> str:
     """A short hash of the simulator's and policies' source: cached runs of other code are stale."""
     src, imported = _imported_by_simulator()
-    files = {f.resolve() for pkg in SIM_PACKAGES for f in (src / pkg).rglob("*.py")} | set(imported)
+    files = {f.resolve() for pkg in SIM_PACKAGES for f in (src / pkg).rglob("*.py")
+             if str(f.relative_to(src)) not in NOT_SIMULATED} | set(imported)
     h = hashlib.sha256()
     for f in sorted(files):
         h.update(str(f.relative_to(src)).encode() + b"\0" + f.read_bytes() + b"\0")
@@ -129,6 +135,10 @@ class SimCache:
                 "step_s": statistics.fmean(r["step_s"] for r in runs),
                 "tokens_per_s_seeds": [r["tokens_per_s"] for r in runs]}
 
+    def tokens_per_s(self, sc: Scenario, env: Envelope, steps: int, seed: int) -> float:
+        """One ``bidirl`` run's tokens/s with length seed ``seed`` (``confirm``'s runner)."""
+        return self._run_one(sc, env, "bidirl", steps, seed)["tokens_per_s"]
+
     def _run_one(self, sc: Scenario, env: Envelope, policy: str, steps: int, seed: int) -> dict:
         key = f"{self.version}|{sc.name}|{seed}|{env.key()}|{policy}|{steps}"
         if key not in self.data:
@@ -174,14 +184,20 @@ def seed_oracle_regret(sims: dict) -> float | None:
 
 
 def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: int | None,
-                      gains: bool, log, kind: str = "grid", seeds: int = 1) -> dict:
+                      gains: bool, log, kind: str = "grid", seeds: int = 1,
+                      confirm_k: int = DEFAULT_K) -> dict:
     result = plan(sc, top_k=5, steps=steps)
     pick = result.envelope
+    confirmed = confirm(sc, result, k=confirm_k, steps=steps, runner=cache.tokens_per_s)
     oracle = oracle_set(result, max_envelopes)
+    if confirmed.envelope.key() not in {c.envelope.key() for c in oracle}:
+        oracle = oracle + [next(c for c in result.candidates
+                                if c.envelope.key() == confirmed.envelope.key())]
     sims = {}
     for i, c in enumerate(oracle):
         sims[c.envelope.key()] = (c, cache.run(sc, c.envelope, "bidirl", steps, seeds))
         log(f"  {sc.name}: {i + 1}/{len(oracle)} envelopes simulated")
+    conf_got = sims[confirmed.envelope.key()][1]["tokens_per_s"]
     best_key = max(sims, key=lambda k: sims[k][1]["tokens_per_s"])
     best = sims[best_key][1]["tokens_per_s"]
     got = sims[pick.key()][1]["tokens_per_s"]
@@ -203,6 +219,11 @@ def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: 
         "envelopes": [[round(c.prediction.tokens_per_s, 1), round(r["tokens_per_s"], 1)]
                       for c, r in sims.values()],
         "regime": result.prediction.regime, "borrowed": result.prediction.borrowed,
+        # the pick of ``bidirl plan`` (the best simulated of the planner's confirm_k best)
+        "confirmed_pick_label": confirmed.envelope.label(),
+        "confirmed_regret": (best - conf_got) / best,
+        "confirmed_prediction_error": abs(confirmed.predicted_tokens_per_s - conf_got) / conf_got,
+        "confirmed": confirmed.confirmed,
         "seed_oracle_regret": seed_oracle_regret(sims),
     }
     half = envelope_of(sc.replace(pools=half_split(sc.devices)))
@@ -250,6 +271,7 @@ def summarize(rows: list[dict]) -> dict:
                                     "max": max(g[n] / g[d] for g in gains)}
                                 for k, (n, d) in GAIN_RATIOS.items()} if gains else {}
         out[name] = {"regret": stats("regret", subset),
+                     "confirmed_regret": stats("confirmed_regret", subset),
                      "prediction_error": stats("prediction_error", subset),
                      "prediction_error_all_envelopes": stats("median_prediction_error_all",
                                                              subset),
@@ -287,6 +309,10 @@ def print_table(rows: list[dict], summary: dict) -> None:
                   f" | pick prediction error median {s['prediction_error']['median']:.2%} max "
                   f"{s['prediction_error']['max']:.2%} | all envelopes median "
                   f"{s['prediction_error_all_envelopes']['median']:.2%} (n={s['regret']['n']})")
+            if s.get("confirmed_regret"):
+                c = s["confirmed_regret"]
+                print(f"{'':7} confirmed (the best simulated of the planner's best): regret "
+                      f"median {c['median']:.2%} max {c['max']:.2%}")
             if s["seed_oracle_regret"]:
                 print(f"{'':7} noise floor (best on one seed, scored on the others): median "
                       f"{s['seed_oracle_regret']['median']:.2%} max {s['seed_oracle_regret']['max']:.2%}")
@@ -304,7 +330,12 @@ def plot(rows: list[dict], path: Path, label: str) -> None:
     for kind, color in (("grid", "tab:blue"), ("random", "tab:orange")):
         sub = sorted((r for r in rows if r["set"] == kind), key=lambda r: r["regret"])
         ax1.plot(range(len(sub)), [100 * r["regret"] for r in sub], "o-", ms=3, color=color,
-                 label=f"{kind} ({len(sub)})")
+                 label=f"{kind} ({len(sub)}), the planner's pick")
+        conf = sorted(r["confirmed_regret"] for r in rows
+                      if r["set"] == kind and r.get("confirmed_regret") is not None)
+        if conf:
+            ax1.plot(range(len(conf)), [100 * v for v in conf], "s--", ms=3, color=color,
+                     alpha=0.6, label=f"{kind}, confirmed by simulation")
         xs, ys = [], []
         for r in rows:
             if r["set"] != kind:
@@ -359,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1,
                     help="simulate every envelope with K length seeds and score their mean")
     ap.add_argument("--no-gains", action="store_true", help="skip the async comparisons")
+    ap.add_argument("--confirm", type=int, default=DEFAULT_K,
+                    help="score also the best simulated of the planner's K best (bidirl plan's "
+                    f"default, {DEFAULT_K}); 0: the planner alone")
     ap.add_argument("--speed", action="store_true", help="only time the planner")
     ap.add_argument("--fresh", action="store_true", help="ignore cached simulations")
     ap.add_argument("--out", type=Path, default=RESULTS / "planner_regret.json")
@@ -384,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for sc, gains, kind in scenarios:
         rows.append(evaluate_scenario(sc, cache, args.steps, args.max_envelopes, gains, log, kind,
-                                       args.seeds))
+                                       args.seeds, args.confirm))
         cache.save()
     print(file=sys.stderr)
     summary = summarize(rows)
@@ -392,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": " ".join(["bench/planner_regret.py", *(argv or sys.argv[1:])]),
               "sim_code_version": cache.version,
               "steps": args.steps, "seeds": args.seeds, "max_envelopes": args.max_envelopes,
+              "confirm": args.confirm,
               "wall_s": time.perf_counter() - t0, "simulations": cache.sims,
               "simulation_s": cache.sim_s, "summary": summary, "speed": speed(),
               "rows": rows}

@@ -19,6 +19,11 @@ from pathlib import Path
 
 from bidirl.policy import policy_names
 
+# ``bidirl.sim.confirm.DEFAULT_K``, spelled here so that building the parser (for every
+# command, ``train`` included) does not import the planner and the simulator; a test
+# keeps the two equal
+DEFAULT_CONFIRM = 8
+
 
 class UserError(Exception):
     """A problem with what the user asked for, reported without a traceback."""
@@ -103,11 +108,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     sc = scn.load(args.scenario)
     if args.plan == "auto":
         from bidirl.planner import plan as planner
+        from bidirl.sim.confirm import confirm
 
         chosen = planner.plan(sc, steps=args.steps)  # predicted over the steps that run
+        chosen = confirm(sc, chosen, k=args.confirm, progress=_confirm_progress)
         sc = planner.scenario_with_envelope(sc, chosen.envelope)
+        how = (f", best simulated of the planner's {len(chosen.confirmed)} closest"
+               if chosen.confirmed else "")
         print(f"planner envelope: {chosen.envelope.label()} (predicted "
-              f"{chosen.predicted_tokens_per_s:,.0f} tokens/s)", file=sys.stderr)
+              f"{chosen.predicted_tokens_per_s:,.0f} tokens/s{how})", file=sys.stderr)
     from bidirl.sim.run import simulate
 
     # Only the trace and the plot need every device interval (about 680,000 at scale-1024,
@@ -163,13 +172,24 @@ def _simulate_grid(args: argparse.Namespace) -> int:
     return 0
 
 
+def _confirm_progress(i: int, n: int, row: dict) -> None:
+    """One line on stderr per envelope the planner's short list simulates."""
+    got = (f"{row['simulated_tokens_per_s']:,.0f} tokens/s simulated"
+           if row["simulated_tokens_per_s"] is not None else f"refused by the simulator: {row['refused']}")
+    print(f"[confirm {i}/{n}] {row['envelope']}: {got} ({row['predicted_tokens_per_s']:,.0f} "
+          f"predicted)", file=sys.stderr)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from bidirl.planner import plan as planner
     from bidirl.sim import scenario as scn
 
     _check_outputs(args, "--json")
     sc = scn.load(args.scenario)
-    result = planner.plan(sc, top_k=args.top)
+    from bidirl.sim.confirm import confirm
+
+    result = confirm(sc, planner.plan(sc, top_k=args.top), k=args.confirm,
+                     progress=_confirm_progress)
     print(result.format() if hasattr(result, "format") else result)
     if args.json:
         _write_json(args.json, result.to_json())
@@ -229,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", help="write a timeline PNG here (records every device interval)")
     s.add_argument("--plan", choices=("fixed", "auto"), default="fixed",
                    help="auto: run on the planner's envelope instead of the scenario's split")
+    s.add_argument("--confirm", type=_count(0), default=DEFAULT_CONFIRM, metavar="K",
+                   help="with --plan auto: simulate up to K of the envelopes the planner predicts within "
+                   f"5%% of its best and run on the best simulated (default {DEFAULT_CONFIRM}; 0 or 1: the "
+                   "planner's pick as is)")
     s.add_argument("--allow-oversubscribe", action="store_true",
                    help="run a split whose rollout replica or trainer does not fit in device memory "
                    "(refused otherwise, naming the role and its memory); borrowed roles still go only where "
@@ -240,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="choose a resource envelope for a scenario")
     pl.add_argument("--scenario", default="default")
     pl.add_argument("--top", type=_count(1), default=5, help="how many envelopes to list (>= 1)")
+    pl.add_argument("--confirm", type=_count(0), default=DEFAULT_CONFIRM, metavar="K",
+                    help="simulate up to K of the envelopes predicted within 5%% of the best and pick "
+                    f"the best simulated (default {DEFAULT_CONFIRM}; 0 or 1: the planner's prediction alone)")
     pl.add_argument("--json")
     pl.set_defaults(func=cmd_plan)
 

@@ -28,7 +28,12 @@ def test_plan_prints_the_pick_and_writes_the_json(tmp_path, capsys):
 def test_simulate_runs_on_the_planners_envelope(capsys):
     assert main(["simulate", "--scenario", "default", "--plan", "auto", "--steps", "2"]) == 0
     captured = capsys.readouterr()
-    assert captured.err.startswith("planner envelope: R") and "predicted" in captured.err
+    lines = captured.err.splitlines()
+    chosen = [line for line in lines if line.startswith("planner envelope: R")]
+    assert len(chosen) == 1 and "predicted" in chosen[0]
+    # the short list's simulations come first, one progress line each (bidirl.sim.confirm)
+    assert lines[:lines.index(chosen[0])] and all(
+        line.startswith("[confirm ") for line in lines[:lines.index(chosen[0])])
     assert "groups            trained" in captured.out
 
 

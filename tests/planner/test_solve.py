@@ -44,3 +44,22 @@ def test_in_window_takes_numbers_and_arrays_alike():
     assert together.shape == (3,) and np.shape(r.in_window(100.0, -5.0, 2.0)) == ()
     assert together.tolist() == pytest.approx(one_by_one, rel=1e-12)
     assert r.in_window(100.0, o1[:, None], o2[None, :]).shape == (3, 3)  # broadcast
+
+
+def test_the_one_by_one_windows_are_numpys_bit_for_bit(monkeypatch):
+    """``in_window`` computes few windows in Python floats (fast) and many in numpy: the
+    same operations, so the same floats, including one-start windows, windows reaching
+    past the window's end and offsets beyond the longest length."""
+    import bidirl.planner.residual as residual
+
+    rng = np.random.default_rng(7)
+    r = Residual(np.sort(rng.lognormal(5.0, 0.9, 64)))
+    o1 = np.concatenate((rng.uniform(-3000.0, 500.0, 24), [0.0, -40.0, 12.5, -1e4]))
+    o2 = np.concatenate((o1[:24] + rng.uniform(0.0, 800.0, 24), [0.0, -40.0, 12.5, 3e4]))
+    for x in (0.0, 1.0, 37.25, 250.0, 5e3):
+        fast = r.in_window(x, o1, o2)
+        monkeypatch.setattr(residual, "SCALAR_WINDOWS", -1)  # numpy for any length
+        slow = r.in_window(x, o1, o2)
+        monkeypatch.setattr(residual, "SCALAR_WINDOWS", 32)
+        assert fast.dtype == slow.dtype and fast.shape == slow.shape
+        assert fast.tobytes() == slow.tobytes()

@@ -44,7 +44,7 @@ class Candidate:
     prediction: Prediction
 
     def to_json(self) -> dict[str, Any]:
-        return {"envelope": self.envelope.to_json(),
+        return {"envelope": self.envelope.to_json(), "label": self.envelope.label(),
                 "predicted_tokens_per_s": round(self.prediction.tokens_per_s, 2),
                 "predicted_step_time_s": round(self.prediction.step_time_s, 4),
                 "prediction": self.prediction.to_json()}
@@ -61,6 +61,12 @@ class PlanResult:
     compatible: int
     candidates: list[Candidate] = field(default_factory=list, repr=False)  # all, best first
     steps: int = 0  # the horizon the throughput is predicted over
+    # set by ``bidirl.sim.confirm`` (outer ring) when the short list was simulated: one row
+    # per envelope {rank, envelope, predicted_tokens_per_s, simulated_tokens_per_s}
+    confirmed: list[dict[str, Any]] = field(default_factory=list)
+    confirm_steps: int = 0
+    confirm_seed: int | None = None
+    confirm_s: float = 0.0
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -80,6 +86,9 @@ class PlanResult:
             "compatible": self.compatible,
             "rejected_by_constraint": dict(Counter(r.constraint for r in self.rejected)),
             "rejected": [r.to_json() for r in self.rejected],
+            "confirmed": ({"steps": self.confirm_steps, "seed": self.confirm_seed,
+                           "seconds": round(self.confirm_s, 3), "envelopes": self.confirmed}
+                          if self.confirmed else None),
         }
 
     def format(self) -> str:
@@ -102,6 +111,16 @@ class PlanResult:
         for c in self.alternatives:
             lines.append(f"    {c.prediction.tokens_per_s:>10,.0f} tok/s  "
                          f"{c.prediction.step_time_s:7.2f} s  {c.envelope.label()}")
+        if self.confirmed:
+            lines.append(f"  confirmed by simulation ({self.confirm_steps} steps, length seed "
+                         f"{self.confirm_seed}, {self.confirm_s:.1f} s): the best simulated of "
+                         f"the {len(self.confirmed)} envelopes predicted closest to the best")
+            for row in self.confirmed:
+                mark = "*" if row["envelope"] == self.envelope.label() else " "
+                sim = row["simulated_tokens_per_s"]
+                got = f"{sim:>10,.0f} tok/s simulated," if sim is not None else "   refused by the simulator,"
+                lines.append(f"   {mark}{got} {row['predicted_tokens_per_s']:>10,.0f} predicted  "
+                             f"{row['envelope']}" + (f" ({row['refused']})" if sim is None else ""))
         by = Counter(r.constraint for r in self.rejected)
         if by:
             lines.append("  rejected: " + ", ".join(f"{k} {v}" for k, v in by.most_common()))

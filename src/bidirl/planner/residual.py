@@ -8,7 +8,13 @@ the planner's quantile grid (``lengths.LengthStats.quantiles``), in O(log K) a w
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import numpy as np
+
+SCALAR_WINDOWS = 32  # up to this many windows, ``in_window`` computes them one by one in
+# Python floats: a drain asks for 1-5 windows ~90,000 times at 256 devices, where numpy's
+# per-call overhead was most of the planner's time; same operations, same results, bit for bit
 
 
 class Residual:
@@ -30,6 +36,9 @@ class Residual:
         self.cv = float(q.std() / self.mean) if self.mean > 0 else 0.0  # of one length
         self._suffix = np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))  # sum of q[i:]
         self._prefix_sq = np.concatenate(([0.0], np.cumsum(q * q)))  # sum of q[:i]^2
+        self._q_list = q.tolist()  # the same grid as Python floats (``_window``)
+        self._suffix_list = self._suffix.tolist()
+        self._prefix_sq_list = self._prefix_sq.tolist()
 
     def left(self, u):
         """``R(u)``: tokens a response has left after ``u`` decode steps, in expectation
@@ -44,6 +53,29 @@ class Residual:
         out = (0.5 * self._prefix_sq[i] + v * self._suffix[i] - 0.5 * v * v * (self.k - i)) / self.k
         return np.where(v <= 0, self.mean * v, out)
 
+    def _left_one(self, u: float) -> float:
+        """``left`` of one number, in the same float operations."""
+        if u <= 0:
+            return self.mean
+        i = bisect_right(self._q_list, u)
+        return (self._suffix_list[i] - u * (self.k - i)) / self.k
+
+    def _h_one(self, v: float) -> float:
+        """``_h`` of one number, in the same float operations."""
+        if v <= 0:
+            return self.mean * v
+        i = bisect_right(self._q_list, v)
+        return (0.5 * self._prefix_sq_list[i] + v * self._suffix_list[i]
+                - 0.5 * v * v * (self.k - i)) / self.k
+
+    def _window(self, x: float, o1: float, o2: float) -> float:
+        """``in_window`` of one window (``o1``, ``o2`` numbers)."""
+        width = o2 - o1
+        if width <= 1e-9 * max(1.0, abs(o2)):
+            return self._left_one(-o1) - self._left_one(x - o1)
+        h = self._h_one
+        return (h(-o1) - h(-o2) - h(x - o1) + h(x - o2)) / width
+
     def in_window(self, x: float, o1, o2):
         """Tokens one response decodes in a window of ``x`` steps when it starts at an offset
         uniform on ``[o1, o2]`` (steps from the window's opening; negative: before it);
@@ -51,6 +83,10 @@ class Residual:
         mean of ``R(max(0, c - o))``: ``(H(c - o1) - H(c - o2)) / (o2 - o1)``, or
         ``R(max(0, c - o1))`` for a window of one start."""
         o1, o2 = np.asarray(o1, dtype=float), np.asarray(o2, dtype=float)
+        if o1.ndim == 1 and o2.shape == o1.shape and len(o1) <= SCALAR_WINDOWS:
+            x = float(x)
+            return np.array([self._window(x, a, b) for a, b in zip(o1.tolist(), o2.tolist())],
+                            dtype=float)
         shape = o1.shape
         if o1.ndim != 1 or o2.shape != shape:  # numbers, or arrays to broadcast
             shape = np.broadcast_shapes(o1.shape, o2.shape)
