@@ -183,11 +183,10 @@ def _confirm_progress(i: int, n: int, row: dict) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     from bidirl.planner import plan as planner
     from bidirl.sim import scenario as scn
+    from bidirl.sim.confirm import confirm
 
     _check_outputs(args, "--json")
     sc = scn.load(args.scenario)
-    from bidirl.sim.confirm import confirm
-
     result = confirm(sc, planner.plan(sc, top_k=args.top), k=args.confirm,
                      progress=_confirm_progress)
     print(result.format() if hasattr(result, "format") else result)

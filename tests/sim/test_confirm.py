@@ -49,7 +49,10 @@ def test_the_best_simulated_of_the_short_list_becomes_the_pick(planned):
     assert [r["simulated_tokens_per_s"] for r in got.confirmed] == [100.0, 90.0, 130.0]
     assert [r["rank"] for r in got.confirmed] == [0, 1, 2]
     assert got.to_json()["confirmed"]["envelopes"][2]["envelope"] == labels[2]
-    assert "confirmed by simulation" in got.format()
+    text = got.format()
+    assert "confirmed by simulation" in text and f"planner's own pick, {labels[0]}" in text
+    assert "leaning least on borrowing" not in text  # the tie rule did not make this pick
+    assert got.planner_pick == res.envelope and got.to_json()["confirmed"]["planner_pick"] == labels[0]
     assert res.envelope == res.candidates[0].envelope  # the planner's result is not changed
 
 
@@ -57,6 +60,7 @@ def test_a_simulated_tie_keeps_the_planners_order(planned):
     sc, res = planned
     got = confirm(sc, res, k=3, band=0.99, runner=lambda *a: 50.0)
     assert got.envelope == res.envelope and got.candidates[0] is res.candidates[0]
+    assert "planner's own pick" not in got.format()
 
 
 def test_only_envelopes_within_the_band_are_simulated(planned):

@@ -67,6 +67,7 @@ class PlanResult:
     confirm_steps: int = 0
     confirm_seed: int | None = None
     confirm_s: float = 0.0
+    planner_pick: Envelope | None = None  # the planner's own pick, when a confirmation ran
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -87,7 +88,8 @@ class PlanResult:
             "rejected_by_constraint": dict(Counter(r.constraint for r in self.rejected)),
             "rejected": [r.to_json() for r in self.rejected],
             "confirmed": ({"steps": self.confirm_steps, "seed": self.confirm_seed,
-                           "seconds": round(self.confirm_s, 3), "envelopes": self.confirmed}
+                           "seconds": round(self.confirm_s, 3), "envelopes": self.confirmed,
+                           "planner_pick": self.planner_pick.label() if self.planner_pick else None}
                           if self.confirmed else None),
         }
 
@@ -103,7 +105,8 @@ class PlanResult:
                  f"at {p.lent_windows}, auxiliary trainers at {p.aux_steps})",
                  f"  {self.compatible} compatible of {self.evaluated} envelopes; top "
                  f"{len(self.alternatives)}:"]
-        if p.no_borrow_tokens_per_s is not None:
+        overruled = self.planner_pick is not None and self.planner_pick != self.envelope
+        if p.no_borrow_tokens_per_s is not None and not overruled:
             tied = sum(c.prediction.no_borrow_tokens_per_s is not None for c in self.candidates)
             lines.insert(3, f"  picked among {tied} envelopes within {TIE:.0%} of the best "
                             f"prediction as the one leaning least on borrowing "
@@ -111,6 +114,9 @@ class PlanResult:
         for c in self.alternatives:
             lines.append(f"    {c.prediction.tokens_per_s:>10,.0f} tok/s  "
                          f"{c.prediction.step_time_s:7.2f} s  {c.envelope.label()}")
+        if overruled:
+            lines.insert(3, f"  picked by simulation over the planner's own pick, "
+                            f"{self.planner_pick.label()} (see below)")
         if self.confirmed:
             lines.append(f"  confirmed by simulation ({self.confirm_steps} steps, length seed "
                          f"{self.confirm_seed}, {self.confirm_s:.1f} s): the best simulated of "

@@ -94,11 +94,11 @@ def confirm(sc: Scenario, result: PlanResult, k: int = DEFAULT_K, band: float = 
     ran = [i for i, r in enumerate(rows) if r["simulated_tokens_per_s"] is not None]
     if not ran:  # nothing simulated: the planner's pick stands, with the reasons
         return replace(result, confirmed=rows, confirm_steps=horizon, confirm_seed=seed,
-                       confirm_s=time.perf_counter() - t0)
+                       confirm_s=time.perf_counter() - t0, planner_pick=result.envelope)
     best = max(ran, key=lambda i: (rows[i]["simulated_tokens_per_s"], -i))
     pick = shortlist[best]
     order = [pick] + [c for c in result.candidates if c is not pick]
     return replace(result, envelope=pick.envelope, prediction=pick.prediction,
                    alternatives=order[:len(result.alternatives)], candidates=order,
                    confirmed=rows, confirm_steps=horizon, confirm_seed=seed,
-                   confirm_s=time.perf_counter() - t0)
+                   confirm_s=time.perf_counter() - t0, planner_pick=result.envelope)
