@@ -8,8 +8,9 @@ sizes, device counts, length distributions and staleness bounds):
   ``--max-envelopes K``, on the K best predicted plus the best predicted of every split);
 * regret = (best simulated throughput - simulated throughput of the pick) / best, for
   the planner's own pick (``regret``) and for the pick ``bidirl plan`` makes by default,
-  the best simulated of the planner's ``--confirm K`` best (``bidirl.sim.confirm``: its
-  own length seed, so not the oracle's runs; ``confirmed_regret``);
+  the best simulated of the envelopes predicted within 5 % of the best, at most
+  ``--confirm K`` (``bidirl.sim.confirm``: its own length seed, so not the oracle's runs;
+  ``confirmed_regret``);
 * prediction error = |predicted - simulated| / simulated, for the pick and for all;
 * on grid scenarios, "separate the two gains": ``async`` and ``bidirl`` on the
   baseline-aligned half/half split, ``async`` on its best simulated split, ``bidirl`` on
@@ -54,10 +55,10 @@ RANDOM_MODELS = ("Qwen3-4B", "Qwen3-8B", "Qwen2.5-7B", "Qwen3-14B", "Qwen3-32B")
 RANDOM_DEVICES = (6, 10, 12, 14, 20, 24, 28, 36, 40, 48)
 SEED_STRIDE = 7919  # seeds of one scenario's repetitions: sc.seed, sc.seed + 7919, ...
 SIM_PACKAGES = ("policy", "sim", "controller", "perf", "core", "frame")  # what a simulated run executes
-NOT_SIMULATED = ("sim/confirm.py",)  # in those packages, but a client of the simulator, not run by it
 # and, of the planner, only the modules the simulator imports (planner.compat.split_fit sizes
 # its memory): the planner's prediction (predict, pipeline, stages, plan) is not simulated,
 # so a change to it re-scores cached runs instead of re-simulating them
+NOT_SIMULATED = ("sim/confirm.py",)  # in those packages, but a client of the simulator, not run by it
 
 
 def _imported_by_simulator() -> tuple[Path, list[Path]]:
@@ -219,7 +220,7 @@ def evaluate_scenario(sc: Scenario, cache: SimCache, steps: int, max_envelopes: 
         "envelopes": [[round(c.prediction.tokens_per_s, 1), round(r["tokens_per_s"], 1)]
                       for c, r in sims.values()],
         "regime": result.prediction.regime, "borrowed": result.prediction.borrowed,
-        # the pick of ``bidirl plan`` (the best simulated of the planner's confirm_k best)
+        # the pick of ``bidirl plan`` (the best simulated of the planner's short list)
         "confirmed_pick_label": confirmed.envelope.label(),
         "confirmed_regret": (best - conf_got) / best,
         "confirmed_prediction_error": abs(confirmed.predicted_tokens_per_s - conf_got) / conf_got,
@@ -311,7 +312,7 @@ def print_table(rows: list[dict], summary: dict) -> None:
                   f"{s['prediction_error_all_envelopes']['median']:.2%} (n={s['regret']['n']})")
             if s.get("confirmed_regret"):
                 c = s["confirmed_regret"]
-                print(f"{'':7} confirmed (the best simulated of the planner's best): regret "
+                print(f"{'':7} confirmed (the best simulated of the planner's short list): regret "
                       f"median {c['median']:.2%} max {c['max']:.2%}")
             if s["seed_oracle_regret"]:
                 print(f"{'':7} noise floor (best on one seed, scored on the others): median "
@@ -391,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="simulate every envelope with K length seeds and score their mean")
     ap.add_argument("--no-gains", action="store_true", help="skip the async comparisons")
     ap.add_argument("--confirm", type=int, default=DEFAULT_K,
-                    help="score also the best simulated of the planner's K best (bidirl plan's "
-                    f"default, {DEFAULT_K}); 0: the planner alone")
+                    help="score also bidirl plan's pick: the best simulated of at most K envelopes "
+                    f"predicted within 5%% of the best (default {DEFAULT_K}); 0: the planner alone")
     ap.add_argument("--speed", action="store_true", help="only time the planner")
     ap.add_argument("--fresh", action="store_true", help="ignore cached simulations")
     ap.add_argument("--out", type=Path, default=RESULTS / "planner_regret.json")

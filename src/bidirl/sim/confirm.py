@@ -79,7 +79,7 @@ def confirm(sc: Scenario, result: PlanResult, k: int = DEFAULT_K, band: float = 
     if len(shortlist) < 2:
         return result
     horizon = min(steps or result.steps or CONFIRM_STEPS, CONFIRM_STEPS)
-    seed = (sc.seed or 0) + CONFIRM_SEED_OFFSET
+    seed = sc.seed + CONFIRM_SEED_OFFSET
     rows, t0 = [], time.perf_counter()
     for rank, c in enumerate(shortlist):
         row = {"rank": rank, "envelope": c.envelope.label(),
