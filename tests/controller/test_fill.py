@@ -84,3 +84,38 @@ def test_returning_replicas_keep_their_share():
     # 16 admissible groups x 4 responses over 4 replicas: 16 responses (4 groups) each.
     assert [(a.replica, len(a.group_ids)) for a in actions] == [(3, 4)]
     assert s.queued_groups(1) == 12
+
+
+def test_trainer_units_arriving_as_rollout_replicas_keep_their_share():
+    """A trainer unit lent as a rollout replica (C_in on its way) takes its share of work
+    that would otherwise all crowd the home replicas, once it is up."""
+    s = _state(replica_cap=40)  # 16 admissible groups x 4 = 64 responses fit on 4 replicas
+    s.commit(Lend(4, Role.ROLLOUT))
+    assert s.units.arriving == {4}
+    actions = _fill(s)
+    # 64 responses over 4 home + 1 arriving: ceil(64 / 5) = 13, so 3 groups (12) each.
+    assert [(a.replica, len(a.group_ids)) for a in actions] == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert s.queued_groups(1) == 4
+    s.observe(DeviceLent(4, Role.ROLLOUT, 0.5), 0.5)
+    assert not s.units.arriving
+    # up: the least loaded again, it takes its share; the last group goes by the usual order
+    assert [(a.replica, a.group_ids) for a in _fill(s)] == [(0, (15,)), (4, (12, 13, 14))]
+
+
+def test_an_arriving_unit_reclaimed_before_it_is_up_leaves_no_share_behind():
+    s = _state(replica_cap=40)
+    s.commit(Lend(4, Role.ROLLOUT))
+    s.commit(Reclaim(4))
+    assert not s.units.arriving
+    assert sum(len(a.group_ids) for a in _fill(s)) == 16  # all on the home replicas
+
+
+@pytest.mark.parametrize("lend", [Lend(4, Role.ROLLOUT, colocated=True), Lend(0, Role.AUX_TRAIN)])
+def test_only_a_borrowed_rollout_replica_is_awaited(lend):
+    """A colocated phase switch (the sync baseline) or a replica lent as an auxiliary
+    trainer is not a replica on its way in: filling does not hold work back for it."""
+    s = _state(replica_cap=40)
+    s.commit(lend)
+    assert not s.units.arriving
+    placed = {a.replica: len(a.group_ids) for a in _fill(s)}
+    assert sum(placed.values()) == 16 and lend.unit not in placed

@@ -20,13 +20,13 @@ from bidirl.sim.run import simulate
 from bidirl.sim.scenario import ResponseLength
 
 
-def _at_max(make_scenario):
-    """Every response runs to the 6,144-token maximum: the policy's prior (mean ``max / 4``)
-    prices the fill at a quarter of its length (the regret bench's ``rand07``)."""
+def _at_max(make_scenario, max_len: int = 6144):
+    """Every response runs to the maximum: the policy's prior (mean ``max / 4``) prices the
+    fill at a quarter of its length (the regret bench's ``rand07``)."""
     sc = make_scenario(devices=14, hardware="H200-141GB", model="Qwen2.5-7B", staleness=4,
-                       max_len=6144, steps=8, prompts_per_step=96, group_size=4,
+                       max_len=max_len, steps=8, prompts_per_step=96, group_size=4,
                        prompt_tokens=512)
-    rl = ResponseLength("constant", median=6144, sigma=0.5, min=16, max=6144)
+    rl = ResponseLength("constant", median=max_len, sigma=0.5, min=16, max=max_len)
     return sc.replace(workload=dataclasses.replace(sc.workload, response_length=rl))
 
 
@@ -50,7 +50,7 @@ def _first_decision_in_simulation(sc, env, monkeypatch) -> int:
 @pytest.mark.parametrize("case", ["lognormal", "at_max"])
 def test_first_window_is_what_the_policy_decides_at_t0(make_scenario, monkeypatch, case):
     sc = (make_scenario(devices=16, model="Qwen3-4B", max_len=16384, steps=4)
-          if case == "lognormal" else _at_max(make_scenario).replace(steps=4))
+          if case == "lognormal" else _at_max(make_scenario, max_len=1024).replace(steps=4))
     ctx = PlanContext.from_scenario(sc, 4)
     checked = set()
     for c in plan(sc, steps=4).candidates[:6]:
@@ -58,7 +58,7 @@ def test_first_window_is_what_the_policy_decides_at_t0(make_scenario, monkeypatc
         assert mine == _first_decision_in_simulation(sc, c.envelope, monkeypatch)
         checked.add(mine > 0)
     # the two cases exercise both sides of the rule: it lends on lognormal lengths, and
-    # declines for some envelopes when every response runs to the maximum
+    # declines for some envelopes when every response runs to a short (1,024) maximum
     assert (True if case == "lognormal" else False) in checked
 
 

@@ -156,15 +156,21 @@ class Estimates:
             self.switch.observe(stage, seconds)
 
     # -- rollout --------------------------------------------------------------------
-    def tail_s(self) -> float:
-        """Predicted time from a batch's last group start to its completion."""
+    def tail_s(self, batch: float | None = None) -> float:
+        """Predicted time from a batch's last group start to its completion.
+
+        Before anything has completed, half the longest response decoded at ``batch``
+        running sequences per replica (default: one group's)."""
         if self.batch_tail.samples:
             return self.batch_tail.value
         if self.group_s.samples:
             return 2.0 * self.group_s.value  # the slowest of many groups, not the mean
         s = self.spec
         ctx = s.prompt_tokens + self.response_len.value
-        return s.max_response_tokens / 2 * self.rollout.decode_step_s(s.group_size, ctx * 8)
+        if batch is None:
+            return s.max_response_tokens / 2 * self.rollout.decode_step_s(s.group_size, ctx * 8)
+        b = max(1.0, batch)
+        return s.max_response_tokens / 2 * self.rollout.decode_step_s(b, ctx * b)
 
     def step_slowdown(self, load_now: float, load_then: float) -> float:
         """How much slower a decode step gets when a replica's batch grows."""

@@ -133,7 +133,7 @@ class ClusterState:
         heap, load, accepting, draining = units.heap, units.load, units.accepting, units.draining
         version, partial, partial_left = units.version, queue.partial_heap, queue.partial_left
         fresh, total, partial_head = queue.next_fresh, spec.total_groups, queue.partial_head
-        level = self._fill_level(limit_batch) if units.returning else cap
+        level = self._fill_level(limit_batch) if units.returning or units.arriving else cap
         added: dict[int, int] = {}
         plan: dict[int, list[int]] = {}
         pop, replace = heapq.heappop, heapq.heapreplace
@@ -236,6 +236,7 @@ class ClusterState:
             self.devices.lend(d, t0, ev.seconds)
         if units.status[u] is UnitStatus.LENDING:
             units.status[u] = UnitStatus.LENT
+        units.arrived(u)
         if units.colocated[u]:
             self.est.observe("colocated_switch", (), ev.seconds)
         else:
@@ -318,21 +319,22 @@ class ClusterState:
         self.pending_sync = None
 
     def _do_lend(self, a: Lend) -> None:
-        self.units.begin_lend(a.unit, a.colocated)
+        self.units.begin_lend(a.unit, a.colocated, hosts_rollout=a.role is Role.ROLLOUT)
 
     def _do_reclaim(self, a: Reclaim) -> None:
         self.units.begin_reclaim(a.unit)
 
     # -- helpers ---------------------------------------------------------------------
     def _fill_level(self, limit_batch: int) -> int:
-        """The load to fill units up to while replicas are returning: the admissible work
-        (running + queued responses) spread evenly over accepting and returning units.
-        O(units), and only while a replica is returning (a second or so after a step)."""
+        """The load to fill units up to while replicas are returning or arriving: the
+        admissible work (running + queued responses) spread evenly over accepting,
+        returning and arriving units.  O(units), and only while one is on its way (a C_in
+        or C_out)."""
         s, un = self.spec, self.units
         units = [u for u in range(s.n_units) if un.accepting[u] and u not in un.draining]
         through = min(limit_batch, self.synced + s.staleness)
         work = sum(un.load[u] for u in units) + self.queued_groups(through) * s.group_size
-        return min(s.replica_cap, math.ceil(work / (len(units) + len(un.returning))))
+        return min(s.replica_cap, math.ceil(work / (len(units) + len(un.returning) + len(un.arriving))))
 
 
 _OBSERVERS = {

@@ -48,8 +48,10 @@ class Units:
         self.accepting = [u < r for u in range(n)]  # may be given groups
         self.groups: list[set[int]] = [set() for _ in range(n)]  # groups running on it
         self.draining: set[int] = set()  # policy wants these emptied (no new groups)
-        # Replicas coming home from a borrowed role (C_out): filling leaves them their share.
+        # Replicas coming home from a borrowed role (C_out), and trainer units on their way
+        # in as rollout replicas (C_in): filling leaves them their share.
         self.returning: set[int] = set()
+        self.arriving: set[int] = set()
         self.heap = [(0, u) for u in range(r)]  # (load, unit), lazily deleted
         self.idle_replicas: set[int] = set(range(r))  # home, empty replicas
         self.total_load = 0  # responses running on all units
@@ -92,8 +94,10 @@ class Units:
                 self.idle_replicas.discard(unit)
 
     # -- status transitions (the diagram above) --------------------------------------
-    def begin_lend(self, u: int, colocated: bool) -> None:
-        """``Lend`` committed: HOME -> LENDING; it takes no new groups."""
+    def begin_lend(self, u: int, colocated: bool, hosts_rollout: bool = False) -> None:
+        """``Lend`` committed: HOME -> LENDING; it takes no new groups.  A trainer unit that
+        will host a rollout replica (``hosts_rollout``, not a colocated phase switch) is
+        ``arriving`` until it is up."""
         if self.status[u] is not UnitStatus.HOME:
             raise ValueError(f"unit {u} is {self.status[u].value}; only a home unit can be lent")
         if u < self.n_replicas and self.load[u]:
@@ -103,12 +107,19 @@ class Units:
         self.colocated[u] = colocated
         self.draining.discard(u)
         self.set_accepting(u, False)
+        if hosts_rollout and u >= self.n_replicas and not colocated:
+            self.arriving.add(u)
+
+    def arrived(self, u: int) -> None:
+        """``DeviceLent``: the unit is up in its borrowed role."""
+        self.arriving.discard(u)
 
     def begin_reclaim(self, u: int) -> None:
         """``Reclaim`` committed: LENDING/LENT -> RECLAIMING; a replica starts returning."""
         if self.status[u] not in (UnitStatus.LENDING, UnitStatus.LENT):
             raise ValueError(f"unit {u} is {self.status[u].value}; cannot reclaim")
         self.status[u] = UnitStatus.RECLAIMING
+        self.arriving.discard(u)
         if u < self.n_replicas and not self.colocated[u]:
             self.returning.add(u)
         self.set_accepting(u, False)
@@ -117,6 +128,7 @@ class Units:
         """``DeviceReclaimed``: RECLAIMING -> HOME; a replica holds ``version`` and accepts."""
         self.status[u] = UnitStatus.HOME
         self.returning.discard(u)
+        self.arriving.discard(u)
         self.away[self.spec.unit_pool(u)] -= 1
         self.colocated[u] = False
         if u < self.n_replicas:

@@ -3,11 +3,12 @@
 The recurrence (``pipeline``) judges each idle window with the policy's rule applied to
 *expected* stage times: right once the scheduler has calibrated, wrong for the first
 window.  At ``t = 0`` nothing has been measured; the scheduler's estimates are priors
-(mean response ``max / 4``, a tail of ``max / 2`` decode steps, stage models off by
-``prior_scale``) and the fill, the longest wait of most runs, is judged on them.  Where
-responses run near the maximum the priors under-price the wait by 4x and the policy
-declines a lend the expected values say pays (measured: ``rand07`` of the regret bench,
-R6/T8, predicted +13 % from lending at the fill, simulated none).
+(mean response ``max / 4``, a tail of ``max / 2`` decode steps at the load the first
+batches would run at, stage models off by ``prior_scale``) and the fill, the longest wait
+of most runs, is judged on them.  Where responses run near the maximum the priors
+under-price the wait, and the policy can decline a lend the expected values say pays
+(measured before the tail prior counted the load: ``rand07`` of the regret bench, R6/T8,
+predicted +13 % from lending at the fill, simulated none).
 
 So the planner asks the policy itself: it builds the controller's ``ClusterSpec`` and
 ``ClusterState`` for the envelope as they are before the first group is placed, and

@@ -10,11 +10,19 @@ group starts once the queue ahead of it has drained into free replica slots::
 
 Borrowing changes both terms: extra replicas (after C_in) add slots and throughput;
 replicas lent away remove them and crowd the others, whose decode steps get slower for
-as long as they are away (``step_slowdown``).  Everything comes from the calibrated
-stage-time models and online statistics in ``controller.estimates``.
+as long as they are away (``step_slowdown``).  When the queued responses fit in free
+slots, extra replicas still spread them: filling leaves an arriving replica its share
+(``ClusterState._fill_level``), each replica decodes a smaller batch, and the tail
+shortens by the decode model's step-time ratio (``_spread_tail``); the groups beyond the
+home replicas' share start after C_in.  That is the whole gain of lending in the fill at
+t = 0, when the first batches fit on the home replicas but run there at a crowded batch.
+Everything comes from the calibrated stage-time models and online statistics in
+``controller.estimates``.
 """
 
 from __future__ import annotations
+
+import math
 
 from bidirl.controller.state import ClusterState
 from bidirl.core.ledger import Pool
@@ -34,14 +42,15 @@ def ready_in(s: ClusterState, b: int, add: int = 0, add_delay_s: float = 0.0,
     mean_len = max(est.response_len.value, 1.0)
     active = max(s.units.home_replicas() + s.units.away[Pool.TRAIN], 1)  # + borrowed replicas
     queued = s.queued_groups(b) * n
-    tail = est.tail_s()
+    # the admissible work: running + queued responses up to the staleness bound
+    work = s.units.total_load + s.queued_groups(min(spec.steps - 1, s.version + spec.staleness)) * n
+    tail = est.tail_s(min(cap, work / active))  # (the prior, before any group completed, at this load)
     if remove and remove >= active:  # nothing rolls out until the first one is back
         return remove_s + ready_in(s, b, add, max(0.0, add_delay_s - remove_s))
     if remove:
         kept = active - remove
-        later = s.queued_groups(min(spec.steps - 1, s.version + spec.staleness)) * n
-        per_now = min(cap, (s.units.total_load + later) / active)
-        per_then = min(cap, (s.units.total_load + later) / kept)
+        per_now = min(cap, work / active)
+        per_then = min(cap, work / kept)
         slow = est.step_slowdown(per_now, per_then)
         tail += (slow - 1.0) * min(tail, remove_s)
         active = kept
@@ -51,10 +60,30 @@ def ready_in(s: ClusterState, b: int, add: int = 0, add_delay_s: float = 0.0,
     free = max(0.0, active * cap - s.units.total_load)
     beyond = queued - free
     if beyond <= 0:
-        return tail
+        return _spread_tail(s, queued, work, active, add, add_delay_s, tail) if add else tail
     drain = active * rate / mean_len  # responses completing per second
     lag = beyond / drain
     if add and lag > add_delay_s:
         beyond -= drain * add_delay_s + add * cap
         lag = add_delay_s + max(0.0, beyond) / ((active + add) * rate / mean_len)
     return lag + tail
+
+
+def _spread_tail(s: ClusterState, queued: int, work: int, active: int, add: int,
+                 add_delay_s: float, tail: float) -> float:
+    """Batch b's tail when ``add`` replicas join after ``add_delay_s`` and its ``queued``
+    responses (those of batches <= b not started yet) fit in the free slots.
+
+    The admissible ``work`` (running + queued responses) is spread over ``active + add``
+    replicas, as ``_fill_level`` fills them; a replica's decode step at that share is
+    faster than at the crowded one by ``step_slowdown``.  If batch b's queued responses do
+    not fit in the home replicas' share, its last groups wait for the arriving replicas
+    (``add_delay_s``).  Responses already running stay where they are.
+    """
+    cap, load = s.spec.replica_cap, s.units.total_load
+    share = min(cap, max(load / active, math.ceil(work / (active + add))))
+    faster = s.est.step_slowdown(share, min(cap, work / active))
+    if faster <= 1.0:
+        return tail
+    waits = queued > active * share - load
+    return (add_delay_s if waits else 0.0) + tail / faster

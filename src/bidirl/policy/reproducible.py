@@ -58,7 +58,7 @@ def plan_fill(s: ClusterState, limit_batch: int) -> dict[int, list[int]]:
     """
     spec, units, q = s.spec, s.units, s.queue
     cap, need, gps, bound = spec.replica_cap, spec.group_size, spec.groups_per_step, spec.staleness
-    level = s._fill_level(limit_batch) if units.returning else cap
+    level = s._fill_level(limit_batch) if units.returning or units.arriving else cap
     load = {u: units.load[u] for u in range(spec.n_units) if units.accepting[u] and u not in units.draining}
     plan: dict[int, list[int]] = {}
 
