@@ -156,19 +156,17 @@ class Estimates:
             self.switch.observe(stage, seconds)
 
     # -- rollout --------------------------------------------------------------------
-    def tail_s(self, batch: float | None = None) -> float:
+    def tail_s(self, batch: float) -> float:
         """Predicted time from a batch's last group start to its completion.
 
         Before anything has completed, half the longest response decoded at ``batch``
-        running sequences per replica (default: one group's)."""
+        running sequences per replica."""
         if self.batch_tail.samples:
             return self.batch_tail.value
         if self.group_s.samples:
             return 2.0 * self.group_s.value  # the slowest of many groups, not the mean
         s = self.spec
         ctx = s.prompt_tokens + self.response_len.value
-        if batch is None:
-            return s.max_response_tokens / 2 * self.rollout.decode_step_s(s.group_size, ctx * 8)
         b = max(1.0, batch)
         return s.max_response_tokens / 2 * self.rollout.decode_step_s(b, ctx * b)
 
