@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -217,6 +218,31 @@ class TorchTrainer:
             for k, v in mb_metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + v
         return GradChunk(partials, count_tokens(microbatches), metrics, self.version)
+
+    def warm_up(self, samples: int, prompt_tokens: int, response_tokens: int) -> float:
+        """One forward and backward pass of a micro-batch of ``samples`` sequences of
+        ``prompt_tokens`` + ``response_tokens``, thrown away.
+
+        Why: a process's first micro-batch runs at a third to half its later speed on a CPU
+        (new memory is faulted in page by page, kernels initialise), and on a device that
+        first hosted a rollout engine the cold pass landed in the run's first step
+        (BENCHMARKS.md, "the trainers' first micro-batch").  Done at start-up with the
+        largest shape the run uses, the memory stays with the process for the real ones.
+        Nothing is learned: the gradients are dropped, the optimizer, the version and the
+        random state are untouched.  Returns the seconds it took.
+        """
+        if samples < 1 or prompt_tokens < 1 or response_tokens < 1:
+            raise ValueError(f"warm_up needs samples, prompt_tokens and response_tokens >= 1, got "
+                             f"{samples}, {prompt_tokens}, {response_tokens}")
+        t0 = time.perf_counter()
+        rng = torch.random.get_rng_state()
+        token, n = (1 if self.pad_id != 1 else 2), response_tokens
+        mb = [TrainSample([token] * prompt_tokens, [token] * n, [0.0] * n, 1.0) for _ in range(samples)]
+        self.compute_chunk_grads([mb], per_microbatch=True)
+        for p in self.params.values():
+            p.grad = None
+        torch.random.set_rng_state(rng)
+        return time.perf_counter() - t0
 
     def apply_grads(self, chunks: Sequence[GradChunk]) -> dict[str, float]:
         """Sum chunk gradients in the given order, all-reduce over DP, clip, step AdamW.

@@ -101,6 +101,9 @@ class ClusterConfig:
                                     gt=0, le=1)
     ray_address: str | None = option(None, "join an existing Ray cluster instead of starting one")
     prewarm: bool = option(True, "start borrowable roles once and park them, so C_in is a hot switch")
+    warm_up_trainers: bool = option(True, "at start-up, one thrown-away forward and backward pass of the "
+                                    "largest micro-batch on every trainer (auxiliaries included), so the "
+                                    "run's first is not the process's first (2-3x slower on a CPU)")
     oversubscribe: bool = option(False, "cpu: allow more device workers than this machine has cores "
                                  "(each then runs slower than a device would)")
 

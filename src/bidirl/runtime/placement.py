@@ -211,6 +211,9 @@ def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: 
         elif d not in spec.train_devices and policy.lends_rollout_devices:
             calls.append((w, "aux_train", w.host.remote("aux_train", model_dir=model_dir, config=trainer_config)))
     ray.get([c for _, _, c in calls])
+    if cfg.cluster.warm_up_trainers:  # parked with its memory: the first lend's micro-batch is not cold
+        ray.get([w.call.remote("aux_train", "warm_up", *warm_up_shape(cfg, spec))
+                 for w, role, _ in calls if role == "aux_train"])
     ray.get([w.release.remote(role, park=True) for w, role, _ in calls])
     # One hot round trip per direction: the switch-cost estimator starts from measurements
     # of this machine instead of priors: (kind, seconds, device), the device's node pair.
@@ -228,6 +231,13 @@ def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: 
 
 
 PREWARM_SYNC = "weight_sync"  # the kind of prewarm's weight-load measurement (not a switch)
+WARM_UP = "trainer_warm_up"  # the kind of a trainer's start-up pass (TorchTrainer.warm_up; not a switch)
+
+
+def warm_up_shape(cfg: TrainConfig, spec: ClusterSpec) -> tuple[int, int, int]:
+    """The micro-batch a trainer warms up on: ``trainer.micro_batch_size`` sequences of the
+    mean prompt and the longest response (the largest micro-batch a run commonly meets)."""
+    return cfg.trainer.micro_batch_size, max(1, round(spec.prompt_tokens)), cfg.rollout.max_new_tokens
 
 
 def prewarm_weight_sync(spec: ClusterSpec, workers: dict) -> list[tuple[str, float, int]]:
@@ -324,11 +334,15 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
         else:
             calls.append(w.host.remote("rollout", **rollout_kwargs))
     ray.get(calls)
+    warm = []
+    if cfg.cluster.warm_up_trainers:  # runs while prewarm's calls queue behind it on the train devices
+        warm = [(d, workers[d].call.remote("train", "warm_up", *warm_up_shape(cfg, spec))) for d in train_devices]
     switch_measurements = []
     if cfg.cluster.prewarm:
         switch_measurements = prewarm(cfg, spec, workers, rollout_kwargs, model_dir, trainer_config)
         if trainer_ckpt is None:  # a resumed run loads the checkpoint's weights below
             switch_measurements += prewarm_weight_sync(spec, workers)
+    switch_measurements += [(WARM_UP, ray.get(ref), d) for d, ref in warm]
     if trainer_ckpt is not None:  # rollout replicas start from the checkpoint's weights
         weights = workers[train_devices[0]].call.remote("train", "weights")
         version = ray.get(workers[train_devices[0]].call.remote("train", "get_version"))

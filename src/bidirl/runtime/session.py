@@ -214,7 +214,7 @@ class TrainSession:
         from bidirl.policy.base import make_policy
         from bidirl.runtime.backend import RayBackend
         from bidirl.runtime.executor import DeviceExecutor, Job, Layout
-        from bidirl.runtime.placement import PREWARM_SYNC, build_spec, place, start_workers
+        from bidirl.runtime.placement import PREWARM_SYNC, WARM_UP, build_spec, place, start_workers
 
         cfg = self.cfg
         mean_prompt = self.prompt_lengths.mean  # measured over every row (train.fit_prompts)
@@ -239,13 +239,15 @@ class TrainSession:
         where = "" if not placement.spans_nodes else f" on {len(set(placement.device_node))} nodes " + ", ".join(
             f"{x.ip}: devices {placement.devices_on(x.index)}"
             for x in placement.nodes if x.index in placement.device_node)
+        warm_up = [s for kind, s, _ in switch_measurements if kind == WARM_UP]
+        warmed = f"; trainers warmed up in {max(warm_up):.1f} s" if warm_up else ""
         print(f"[bidirl] {len(workers)} device workers up in {time.perf_counter() - t_boot:.1f} s{where} "
-              f"(policy {cfg.scheduler.policy}, staleness {cfg.scheduler.staleness})", file=sys.stderr)
+              f"(policy {cfg.scheduler.policy}, staleness {cfg.scheduler.staleness}{warmed})", file=sys.stderr)
         controller = Controller(spec, make_policy(cfg.scheduler.policy))
         self.placement = placement
         unit_of = {unit_device(u): u for u in range(spec.n_units)}
         sync_warm = [s for kind, s, _ in switch_measurements if kind == PREWARM_SYNC]
-        switch_measurements = [m for m in switch_measurements if m[0] != PREWARM_SYNC]
+        switch_measurements = [m for m in switch_measurements if m[0] not in (PREWARM_SYNC, WARM_UP)]
         for kind, seconds, device in switch_measurements:  # C_in per node pair (weights -> device)
             if kind.endswith(".c_in"):
                 controller.state.est.observe_switch(kind, unit_of[device], seconds)

@@ -64,6 +64,11 @@ class TrainerRole:
             k += n
         return self.trainer.apply_grads(chunks), c_grad
 
+    def warm_up(self, samples: int, prompt_tokens: int, response_tokens: int) -> float:
+        """The start-up pass that keeps the first real micro-batch from being this process's
+        first (``TorchTrainer.warm_up``); returns its seconds."""
+        return self.trainer.warm_up(samples, prompt_tokens, response_tokens)
+
     def get_version(self) -> int:
         return self.trainer.version
 
