@@ -226,7 +226,7 @@ class TorchTrainer:
         Why: a process's first micro-batch runs at a third to half its later speed on a CPU
         (new memory is faulted in page by page, kernels initialise), and on a device that
         first hosted a rollout engine the cold pass landed in the run's first step
-        (BENCHMARKS.md, "the trainers' first micro-batch").  Done at start-up with the
+        (BENCHMARKS.md, "The trainers' first micro-batch").  Done at start-up with the
         largest shape the run uses, the memory stays with the process for the real ones.
         Nothing is learned: the gradients are dropped, the optimizer, the version and the
         random state are untouched.  Returns the seconds it took.
