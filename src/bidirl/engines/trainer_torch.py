@@ -223,13 +223,14 @@ class TorchTrainer:
         """One forward and backward pass of a micro-batch of ``samples`` sequences of
         ``prompt_tokens`` + ``response_tokens``, thrown away.
 
-        Why: a process's first micro-batch runs at a third to half its later speed on a CPU
-        (new memory is faulted in page by page, kernels initialise), and on a device that
-        first hosted a rollout engine the cold pass landed in the run's first step
-        (BENCHMARKS.md, "The trainers' first micro-batch").  Done at start-up with the
-        largest shape the run uses, the memory stays with the process for the real ones.
-        Nothing is learned: the gradients are dropped, the optimizer, the version and the
-        random state are untouched.  Returns the seconds it took.
+        Why: a process's first micro-batch ran 1.1-3.9x slower per token than its later ones
+        on this CPU machine (new memory is faulted in page by page, kernels initialise), and
+        on a device that first hosted a rollout engine the cold pass landed in the run's
+        first step (BENCHMARKS.md, "The trainers' first micro-batch").  Done at start-up with
+        the largest shape the run commonly meets, the memory stays with the process for the
+        real ones.  Nothing is learned: ``compute_chunk_grads`` leaves no gradient on the
+        parameters and its result is dropped; the optimizer, the version and the random
+        state are untouched.  Returns the seconds it took.
         """
         if samples < 1 or prompt_tokens < 1 or response_tokens < 1:
             raise ValueError(f"warm_up needs samples, prompt_tokens and response_tokens >= 1, got "
@@ -239,8 +240,6 @@ class TorchTrainer:
         token, n = (1 if self.pad_id != 1 else 2), response_tokens
         mb = [TrainSample([token] * prompt_tokens, [token] * n, [0.0] * n, 1.0) for _ in range(samples)]
         self.compute_chunk_grads([mb], per_microbatch=True)
-        for p in self.params.values():
-            p.grad = None
         torch.random.set_rng_state(rng)
         return time.perf_counter() - t0
 

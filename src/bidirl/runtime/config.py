@@ -103,7 +103,7 @@ class ClusterConfig:
     prewarm: bool = option(True, "start borrowable roles once and park them, so C_in is a hot switch")
     warm_up_trainers: bool = option(True, "at start-up, one thrown-away forward and backward pass of the "
                                     "largest micro-batch on every trainer (auxiliaries included), so the "
-                                    "run's first is not the process's first (2-3x slower on a CPU)")
+                                    "run's first is not the process's first (1.1-3.9x slower a token on a CPU)")
     oversubscribe: bool = option(False, "cpu: allow more device workers than this machine has cores "
                                  "(each then runs slower than a device would)")
 
