@@ -1,0 +1,142 @@
+"""Every pair of ``bench/real_policies.py`` series side by side, against issue 11's targets.
+
+Reads one or more ``real_policies`` JSON files (one workload each, or ``{"workloads": [...]}``
+as ``--workload all`` writes) and draws, per workload, each pair's ``bidirl`` / ``async``
+throughput (top) and ``bidirl``'s efficiency against the pair's ideal packing bound (bottom),
+one column of dots per series, the series' median as a bar, and the targets as dashed lines
+(>= 1.20x, >= 1.05x on balanced; efficiency >= 0.9).  The pair-to-pair scatter is the point:
+on a shared 2-core machine one pair says little, and a median of five is what a target is
+judged on.  Prints the medians and writes them to ``--json``.
+
+    .venv/bin/python bench/efficiency_plot.py LABEL=FILE [LABEL=FILE ...] --png OUT.png --json OUT.json
+
+A ``FILE`` without ``LABEL=`` is labelled by the part of its name after the workload
+(``real_policies_train-heavy_warm.json`` -> ``warm``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+WORKLOADS = ("rollout-heavy", "train-heavy", "shifting", "balanced")
+RATIO_TARGET = {"balanced": 1.05}  # every other workload: DEFAULT_RATIO_TARGET
+DEFAULT_RATIO_TARGET = 1.20
+EFFICIENCY_TARGET = 0.9
+
+
+def pairs_of(workload: dict) -> list[tuple[float, float]]:
+    """(bidirl / async, bidirl over the pair's async bound) for every complete pair."""
+    by: dict[int, dict[str, dict]] = {}
+    for r in workload.get("runs", []):
+        by.setdefault(r["pair"], {})[r["policy"]] = r
+    out = []
+    for _, p in sorted(by.items()):
+        if "async" in p and "bidirl" in p and p["async"]["tokens_per_s"] > 0:
+            a, b = p["async"], p["bidirl"]
+            out.append((b["tokens_per_s"] / a["tokens_per_s"], b["tokens_per_s"] / a["ideal_tokens_per_s"]))
+    return out
+
+
+def load(spec: str) -> tuple[str, list[dict]]:
+    """``LABEL=FILE`` or ``FILE``: the series' label and its workloads."""
+    label, _, name = spec.rpartition("=")
+    path = Path(name)
+    if not path.is_file():
+        raise SystemExit(f"efficiency_plot: {path}: no such file")
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"efficiency_plot: {path}: not JSON ({e})") from None
+    workloads = d.get("workloads", [d]) if isinstance(d, dict) else None
+    if not workloads or any(not isinstance(w, dict) or w.get("workload") not in WORKLOADS for w in workloads):
+        raise SystemExit(f"efficiency_plot: {path}: not a bench/real_policies.py result "
+                         f"(each needs 'workload' in {', '.join(WORKLOADS)} and 'runs')")
+    if not label:
+        stem = path.stem.removeprefix("real_policies")
+        for w in WORKLOADS:
+            stem = stem.replace(w, "")
+        label = stem.strip("_-") or path.stem
+    return label, workloads
+
+
+def summarise(series: list[tuple[str, list[dict]]]) -> dict:
+    """{workload: {label: {pairs, ratios, efficiencies, median_ratio, median_efficiency}}}."""
+    out: dict[str, dict] = {}
+    for label, workloads in series:
+        for w in workloads:
+            ps = pairs_of(w)
+            if not ps:
+                continue
+            entry = out.setdefault(w["workload"], {}).setdefault(label, {"ratios": [], "efficiencies": []})
+            entry["ratios"] += [r for r, _ in ps]
+            entry["efficiencies"] += [e for _, e in ps]
+    for per in out.values():
+        for e in per.values():
+            e["pairs"] = len(e["ratios"])
+            e["median_ratio"] = statistics.median(e["ratios"])
+            e["median_efficiency"] = statistics.median(e["efficiencies"])
+    return out
+
+
+def plot(summary: dict, labels: list[str], png: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = [w for w in WORKLOADS if w in summary]
+    fig = Figure(figsize=(3.2 * len(names) + 1, 7))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, len(names), squeeze=False)
+    for j, w in enumerate(names):
+        for row, key, target in ((0, "ratios", RATIO_TARGET.get(w, DEFAULT_RATIO_TARGET)),
+                                 (1, "efficiencies", EFFICIENCY_TARGET)):
+            ax = axes[row][j]
+            for i, label in enumerate(labels):
+                e = summary[w].get(label)
+                if e is None:
+                    continue
+                ys = e[key]
+                ax.scatter([i] * len(ys), ys, s=18, alpha=0.7)
+                ax.hlines(statistics.median(ys), i - 0.3, i + 0.3, colors="black", lw=2)
+            ax.axhline(target, ls="--", color="tab:red", lw=1)
+            ax.set_xticks(range(len(labels)))
+            ax.set_xticklabels(labels, rotation=30, fontsize=8)
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(w, fontsize=10)
+            if j == 0:
+                ax.set_ylabel("bidirl / async (per pair)" if row == 0 else "efficiency vs the pair's bound")
+    fig.suptitle("bench/real_policies.py: every pair (dots), the median (bar), the target (dashed)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("series", nargs="+", help="LABEL=FILE or FILE: bench/real_policies.py results")
+    ap.add_argument("--png", default="bench/results/efficiency_pairs.png")
+    ap.add_argument("--json", default="bench/results/efficiency_pairs.json")
+    args = ap.parse_args(argv)
+    loaded = [load(s) for s in args.series]
+    labels = list(dict.fromkeys(label for label, _ in loaded))
+    summary = summarise(loaded)
+    if not summary:
+        raise SystemExit("efficiency_plot: no complete async/bidirl pair in the files given")
+    print(f"{'workload':<15}{'series':<14}{'pairs':>6}{'ratio':>8}{'eff':>7}")
+    for w in WORKLOADS:
+        for label in labels:
+            e = summary.get(w, {}).get(label)
+            if e:
+                print(f"{w:<15}{label:<14}{e['pairs']:>6}{e['median_ratio']:>8.3f}{e['median_efficiency']:>7.3f}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(summary, indent=1))
+    plot(summary, labels, Path(args.png))
+    print(f"wrote {args.json} and {args.png}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

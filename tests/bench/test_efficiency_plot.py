@@ -1,0 +1,73 @@
+"""``bench/efficiency_plot.py`` on hand-made ``real_policies`` results (no run, no Ray)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+ep = pytest.importorskip("efficiency_plot")
+
+
+def _run(pair: int, policy: str, tps: float, ideal: float) -> dict:
+    return {"pair": pair, "policy": policy, "tokens_per_s": tps, "ideal_tokens_per_s": ideal}
+
+
+def _result(path: Path, workload: str, pairs: list[tuple[float, float, float]]) -> Path:
+    """pairs: (async tok/s, async bound, bidirl tok/s); the bidirl run's own bound is a decoy."""
+    runs = []
+    for i, (a, bound, b) in enumerate(pairs):
+        runs += [_run(i, "async", a, bound), _run(i, "bidirl", b, 10 * bound)]
+    runs.append(_run(len(pairs), "async", 1.0, 2.0))  # an unfinished pair: left out
+    path.write_text(json.dumps({"workload": workload, "runs": runs}))
+    return path
+
+
+def test_each_pair_is_scored_against_its_own_async_bound(tmp_path, capsys):
+    f = _result(tmp_path / "real_policies_train-heavy_quiet.json", "train-heavy",
+                [(100.0, 200.0, 180.0), (120.0, 150.0, 150.0), (90.0, 100.0, 81.0)])
+    png, js = tmp_path / "p.png", tmp_path / "p.json"
+    assert ep.main([str(f), "--png", str(png), "--json", str(js)]) == 0
+    got = json.loads(js.read_text())["train-heavy"]["quiet"]  # labelled by the file name
+    assert got["pairs"] == 3
+    assert got["ratios"] == pytest.approx([1.8, 1.25, 0.9])
+    assert got["efficiencies"] == pytest.approx([0.9, 1.0, 0.81])
+    assert got["median_ratio"] == pytest.approx(1.25)
+    assert got["median_efficiency"] == pytest.approx(0.9)
+    assert png.stat().st_size > 0
+    assert "train-heavy" in capsys.readouterr().out
+
+
+def test_series_are_kept_apart_by_label_and_all_workload_files_are_read(tmp_path):
+    a = _result(tmp_path / "a.json", "balanced", [(100.0, 130.0, 110.0)])
+    both = tmp_path / "all.json"
+    both.write_text(json.dumps({"workloads": [
+        json.loads(_result(tmp_path / "x.json", "balanced", [(100.0, 140.0, 120.0)]).read_text()),
+        json.loads(_result(tmp_path / "y.json", "shifting", [(100.0, 150.0, 135.0)]).read_text())]}))
+    s = ep.summarise([ep.load(f"before={a}"), ep.load(f"after={both}")])
+    assert s["balanced"]["before"]["ratios"] == pytest.approx([1.1])
+    assert s["balanced"]["after"]["ratios"] == pytest.approx([1.2])
+    assert s["shifting"]["after"]["efficiencies"] == pytest.approx([0.9])
+
+
+@pytest.mark.parametrize("content, says", [
+    ("{not json", "not JSON"),
+    (json.dumps({"workload": "tiny", "runs": []}), "not a bench/real_policies.py result"),
+    (json.dumps([1, 2]), "not a bench/real_policies.py result"),
+])
+def test_bad_files_are_refused_with_the_reason(tmp_path, content, says):
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    with pytest.raises(SystemExit, match=says):
+        ep.load(str(f))
+
+
+def test_a_missing_file_and_files_without_a_pair_are_refused(tmp_path):
+    with pytest.raises(SystemExit, match="no such file"):
+        ep.load(str(tmp_path / "missing.json"))
+    f = _result(tmp_path / "r.json", "balanced", [])
+    with pytest.raises(SystemExit, match="no complete async/bidirl pair"):
+        ep.main([str(f), "--png", str(tmp_path / "p.png"), "--json", str(tmp_path / "p.json")])
