@@ -15,6 +15,7 @@ from test_executor_fake import WORKLOADS
 
 from bidirl.policy import policy_names
 from bidirl.runtime import calibrated_scenario
+from bidirl.runtime.rollout_driver import DECODE_REMAINDER
 from bidirl.sim.run import simulate
 from bidirl.sim.scenario import load
 from bidirl.sim.workload import ResponseLengths
@@ -45,6 +46,18 @@ def test_the_scenario_loads_and_simulates_every_policy(tmp_path):
     for policy in policy_names():
         r = simulate(sc, policy, record_intervals=False)
         assert r.groups_lost == 0 and r.extra["ledger_ok"]
+
+
+def test_the_decoding_after_each_replicas_last_sum_is_profiled_and_fitted(tmp_path):
+    """Decode steps are measured in sums of DECODE_SAMPLE_S; what a replica decoded after
+    its last sum goes to the profile at the end, so the scenario counts all of it (this
+    short run's second replica never fills one sum)."""
+    run, path = _export(tmp_path, "bidirl", "train-heavy")
+    recs = [json.loads(line) for line in (tmp_path / "profile.jsonl").read_text().splitlines()]
+    left = [r for r in recs if r["event"] == "StageMeasured" and r["stage"] == DECODE_REMAINDER]
+    assert left and all(r["seconds"] > 0 and r["features"][0] >= 1 for r in left)
+    assert len(left) <= run.spec.n_replicas
+    assert load(path).calibration.decode is not None
 
 
 def test_the_lengths_are_the_runs_own_in_group_order(tmp_path):

@@ -18,9 +18,11 @@ What the scenario holds, and where each figure comes from:
   ``perf.calibration``, started from the run's own online fit), each then scaled so that
   its predictions add up to the measured total (the simulator needs the *mean* time; a
   robust fit follows the typical one, and a shared machine's slow spells are part of the
-  mean).  The description notes the replicas' busy time over their measured decode and
-  prefill time (engine time outside ``step()``: bookkeeping, control calls; a few percent
-  on this machine, left out of the models).  ``startup_s`` is when the first engine step
+  mean).  Decode is fitted on the run's decode sums and on each replica's steps after its
+  last sum (``DECODE_REMAINDER``), so a short run's decoding is all counted.  The
+  description notes the replicas' busy time over their measured decode and prefill time
+  (engine time outside ``step()``: bookkeeping, control calls; a few percent on this
+  machine, left out of the models).  ``startup_s`` is when the first engine step
   began (driver and engine start-up; the devices idle until then in the simulation too).
   ``train_step_overhead_s`` is the median of a step's
   time beyond its micro-batches (merge, optimizer, driver); ``reprefill_on_sync`` is set
@@ -52,6 +54,7 @@ import yaml
 from bidirl.controller.events import GroupsCompleted, StageMeasured, TrainStepFinished, WeightsSynced
 from bidirl.perf.calibration import LinearTimeModel
 from bidirl.perf.scenario import from_dict
+from bidirl.runtime.rollout_driver import DECODE_REMAINDER
 
 STAGES = ("decode", "prefill", "train_micro", "aux_micro")
 SWITCHES = ("roll_on_train.c_in", "roll_on_train.c_out", "train_on_roll.c_in", "train_on_roll.c_out")
@@ -168,6 +171,8 @@ def scenario_dict(f: RunFacts) -> dict:
     rollout_measured = 0.0
     for stage in STAGES:
         samples = _samples(recs, stage)
+        if stage == "decode":  # and the steps each replica ran after its last sum
+            samples += _samples(recs, DECODE_REMAINDER)
         if not samples:
             cal[stage] = None
             continue

@@ -139,7 +139,11 @@ class DeviceExecutor:
             self._refresh_clock()
 
     def finish(self) -> list:
-        """Close every device's last interval; the run's intervals, by device and time."""
+        """Close every device's last interval; the run's intervals, by device and time.
+
+        The replicas' decode steps since their last measurement go to the profile
+        (``rollout_driver.DECODE_REMAINDER``), for the run's calibrated scenario."""
+        self.profile.extend((self.now(), m) for m in self.rollout.remainders())
         self.clock.finish(self.now())
         return self.clock.sorted_intervals()
 

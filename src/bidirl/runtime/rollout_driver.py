@@ -27,6 +27,11 @@ DECODE_SAMPLE_S = 0.25
 # seconds beyond the last decode step, steps, running batch, context tokens, seconds beyond
 # the recent decode steps' median), its seconds.
 PREFILL_BURST = "prefill_burst"
+# A profile record (no model learns it) of the decode steps a replica ran after its last
+# ``DECODE_SAMPLE_S`` sum, when the run ends: the run's calibrated scenario fits decode on
+# the sums and these, so a short run's last few hundred milliseconds are not lost (a run with
+# under one sum of decoding per replica would have no decode fit at all).
+DECODE_REMAINDER = "decode_remainder"
 
 
 class RolloutDriver:
@@ -136,6 +141,12 @@ class RolloutDriver:
         if acc[3] >= DECODE_SAMPLE_S:
             ex.deliver(StageMeasured("decode", (acc[0], acc[1], acc[2]), acc[3]))
             self.decode_sum[u] = [0.0, 0.0, 0.0, 0.0]
+
+    def remainders(self) -> list[StageMeasured]:
+        """Each replica's decode steps not yet in a measurement, as ``DECODE_REMAINDER``
+        records (for the profile at the run's end; the online model has finished learning)."""
+        return [StageMeasured(DECODE_REMAINDER, (acc[0], acc[1], acc[2]), acc[3])
+                for acc in self.decode_sum if acc[0] > 0 and acc[3] > 0]
 
     @staticmethod
     def prefill_seconds(burst: PrefillBurst) -> float:
