@@ -46,23 +46,9 @@ def test_micro_batches_are_capped_in_samples_when_asked():
     capped = pack_micro_batches(groups, 10, 10_000, max_samples=16)
     assert [m.samples for m in capped] == [16, 16, 16, 16]
     assert sum(m.tokens for m in capped) == 64 * 14
-    # the short one left over is the first: a chunk taken from the tail is full micro-batches
-    assert [m.samples for m in pack_micro_batches(groups, 10, 14 * 10, max_samples=16)] == [4] + [10] * 6
+    assert [m.samples for m in pack_micro_batches(groups, 10, 14 * 10, max_samples=16)] == [10] * 6 + [4]
     with pytest.raises(ValueError, match="max_samples"):
         pack_micro_batches(groups, 10, 100, max_samples=0)
-
-
-def test_the_micro_batch_left_over_is_the_first_and_the_cut_depends_on_the_batch_alone():
-    groups = [(20, 20), (20, 20), (20,)]  # five samples of 30 tokens, micro-batches of <= 60
-    mbs = pack_micro_batches(groups, 10, 60)
-    assert [m.samples for m in mbs] == [1, 2, 2]
-    assert [m.tokens for m in mbs] == [30, 60, 60]
-    # the same samples however they are grouped: the same cut
-    assert pack_micro_batches([(20,)] * 5, 10, 60) == mbs
-    # a tail of full micro-batches for any batch size
-    for n in range(1, 12):
-        cut = pack_micro_batches([(20,)] * n, 10, 60)
-        assert all(m.samples == 2 for m in cut[1:]) and sum(m.samples for m in cut) == n
 
 
 def test_all_seven_policies_are_registered():
