@@ -58,6 +58,7 @@ def test_the_decoding_after_each_replicas_last_sum_is_profiled_and_fitted(tmp_pa
     assert left and all(r["seconds"] > 0 and r["features"][0] >= 1 for r in left)
     assert len(left) <= run.spec.n_replicas
     assert load(path).calibration.decode is not None
+    assert run.executor.rollout.take_remainders() == []  # taken once: a second finish adds none
 
 
 def test_the_lengths_are_the_runs_own_in_group_order(tmp_path):

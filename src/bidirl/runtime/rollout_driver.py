@@ -142,11 +142,14 @@ class RolloutDriver:
             ex.deliver(StageMeasured("decode", (acc[0], acc[1], acc[2]), acc[3]))
             self.decode_sum[u] = [0.0, 0.0, 0.0, 0.0]
 
-    def remainders(self) -> list[StageMeasured]:
+    def take_remainders(self) -> list[StageMeasured]:
         """Each replica's decode steps not yet in a measurement, as ``DECODE_REMAINDER``
-        records (for the profile at the run's end; the online model has finished learning)."""
-        return [StageMeasured(DECODE_REMAINDER, (acc[0], acc[1], acc[2]), acc[3])
-                for acc in self.decode_sum if acc[0] > 0 and acc[3] > 0]
+        records (for the profile at the run's end; the online model has finished learning);
+        the sums start again from zero, so a second call adds nothing twice."""
+        out = [StageMeasured(DECODE_REMAINDER, (acc[0], acc[1], acc[2]), acc[3])
+               for acc in self.decode_sum if acc[0] > 0 and acc[3] > 0]
+        self.decode_sum = [[0.0, 0.0, 0.0, 0.0] for _ in self.decode_sum]
+        return out
 
     @staticmethod
     def prefill_seconds(burst: PrefillBurst) -> float:
