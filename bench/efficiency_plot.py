@@ -29,16 +29,11 @@ EFFICIENCY_TARGET = 0.9
 
 
 def pairs_of(workload: dict) -> list[tuple[float, float]]:
-    """(bidirl / async, bidirl over the pair's async bound) for every complete pair."""
-    by: dict[int, dict[str, dict]] = {}
-    for r in workload.get("runs", []):
-        by.setdefault(r["pair"], {})[r["policy"]] = r
-    out = []
-    for _, p in sorted(by.items()):
-        if "async" in p and "bidirl" in p and p["async"]["tokens_per_s"] > 0:
-            a, b = p["async"], p["bidirl"]
-            out.append((b["tokens_per_s"] / a["tokens_per_s"], b["tokens_per_s"] / a["ideal_tokens_per_s"]))
-    return out
+    """(bidirl / async, bidirl over the pair's async bound) for every complete pair, as
+    ``bench/real_policies.py`` summarised them (``ratios``, ``efficiency_per_pair``)."""
+    ratios = workload.get("ratios") or []
+    effs = workload.get("policies", {}).get("bidirl", {}).get("efficiency_per_pair") or []
+    return list(zip(ratios, effs, strict=True))
 
 
 def load(spec: str) -> tuple[str, list[dict]]:
@@ -52,9 +47,16 @@ def load(spec: str) -> tuple[str, list[dict]]:
     except json.JSONDecodeError as e:
         raise SystemExit(f"efficiency_plot: {path}: not JSON ({e})") from None
     workloads = d.get("workloads", [d]) if isinstance(d, dict) else None
-    if not workloads or any(not isinstance(w, dict) or w.get("workload") not in WORKLOADS for w in workloads):
+    if not workloads or any(not isinstance(w, dict) or w.get("workload") not in WORKLOADS
+                            or not isinstance(w.get("ratios"), list) for w in workloads):
         raise SystemExit(f"efficiency_plot: {path}: not a bench/real_policies.py result "
-                         f"(each needs 'workload' in {', '.join(WORKLOADS)} and 'runs')")
+                         f"(each needs 'workload' in {', '.join(WORKLOADS)}, 'ratios' and "
+                         "'policies.bidirl.efficiency_per_pair')")
+    for w in workloads:
+        effs = w.get("policies", {}).get("bidirl", {}).get("efficiency_per_pair") or []
+        if len(effs) != len(w["ratios"]):
+            raise SystemExit(f"efficiency_plot: {path}: {w['workload']} has {len(w['ratios'])} ratios but "
+                             f"{len(effs)} efficiencies (policies.bidirl.efficiency_per_pair): one per pair")
     if not label:
         stem = path.stem.removeprefix("real_policies")
         for w in WORKLOADS:

@@ -12,17 +12,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 ep = pytest.importorskip("efficiency_plot")
 
 
+rp = pytest.importorskip("real_policies")
+
+
 def _run(pair: int, policy: str, tps: float, ideal: float) -> dict:
-    return {"pair": pair, "policy": policy, "tokens_per_s": tps, "ideal_tokens_per_s": ideal}
+    return {"pair": pair, "policy": policy, "tokens_per_s": tps, "ideal_tokens_per_s": ideal,
+            "idle_ratio": {}, "borrows": {}, "stage_model_median_error": {}, "audit_ok": True,
+            "load_average": [0.0, 0.0], "sim_predicted_tokens_per_s": None,
+            "reclaim_latency_s": [], "reclaim_bound_s": []}
 
 
 def _result(path: Path, workload: str, pairs: list[tuple[float, float, float]]) -> Path:
-    """pairs: (async tok/s, async bound, bidirl tok/s); the bidirl run's own bound is a decoy."""
+    """A result as ``bench/real_policies.py`` summarises it, from runs of known numbers.
+
+    pairs: (async tok/s, async bound, bidirl tok/s); the bidirl run's own bound is a decoy."""
     runs = []
     for i, (a, bound, b) in enumerate(pairs):
         runs += [_run(i, "async", a, bound), _run(i, "bidirl", b, 10 * bound)]
     runs.append(_run(len(pairs), "async", 1.0, 2.0))  # an unfinished pair: left out
-    path.write_text(json.dumps({"workload": workload, "runs": runs}))
+    path.write_text(json.dumps(rp.summarise(workload, rp.WORKLOADS[workload], runs)))
     return path
 
 
@@ -55,7 +63,9 @@ def test_series_are_kept_apart_by_label_and_all_workload_files_are_read(tmp_path
 
 @pytest.mark.parametrize("content, says", [
     ("{not json", "not JSON"),
-    (json.dumps({"workload": "tiny", "runs": []}), "not a bench/real_policies.py result"),
+    (json.dumps({"workload": "tiny", "ratios": []}), "not a bench/real_policies.py result"),
+    (json.dumps({"workload": "balanced", "runs": []}), "not a bench/real_policies.py result"),
+    (json.dumps({"workload": "balanced", "ratios": [1.1], "policies": {}}), "1 ratios but 0 efficiencies"),
     (json.dumps([1, 2]), "not a bench/real_policies.py result"),
 ])
 def test_bad_files_are_refused_with_the_reason(tmp_path, content, says):
