@@ -22,7 +22,9 @@ import statistics
 import sys
 from pathlib import Path
 
-WORKLOADS = ("rollout-heavy", "train-heavy", "shifting", "balanced")
+from real_policies import WORKLOADS as _DEFINED  # bench/: the workloads the series are of
+
+WORKLOADS = tuple(_DEFINED)
 RATIO_TARGET = {"balanced": 1.05}  # every other workload: DEFAULT_RATIO_TARGET
 DEFAULT_RATIO_TARGET = 1.20
 EFFICIENCY_TARGET = 0.9
@@ -31,9 +33,11 @@ EFFICIENCY_TARGET = 0.9
 def pairs_of(workload: dict) -> list[tuple[float, float]]:
     """(bidirl / async, bidirl over the pair's async bound) for every complete pair, as
     ``bench/real_policies.py`` summarised them (``ratios``, ``efficiency_per_pair``)."""
-    ratios = workload.get("ratios") or []
-    effs = workload.get("policies", {}).get("bidirl", {}).get("efficiency_per_pair") or []
-    return list(zip(ratios, effs, strict=True))
+    return list(zip(workload["ratios"], _efficiencies(workload), strict=True))
+
+
+def _efficiencies(workload: dict) -> list[float]:
+    return workload.get("policies", {}).get("bidirl", {}).get("efficiency_per_pair") or []
 
 
 def load(spec: str) -> tuple[str, list[dict]]:
@@ -53,7 +57,7 @@ def load(spec: str) -> tuple[str, list[dict]]:
                          f"(each needs 'workload' in {', '.join(WORKLOADS)}, 'ratios' and "
                          "'policies.bidirl.efficiency_per_pair')")
     for w in workloads:
-        effs = w.get("policies", {}).get("bidirl", {}).get("efficiency_per_pair") or []
+        effs = _efficiencies(w)
         if len(effs) != len(w["ratios"]):
             raise SystemExit(f"efficiency_plot: {path}: {w['workload']} has {len(w['ratios'])} ratios but "
                              f"{len(effs)} efficiencies (policies.bidirl.efficiency_per_pair): one per pair")

@@ -10,8 +10,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 ep = pytest.importorskip("efficiency_plot")
-
-
 rp = pytest.importorskip("real_policies")
 
 

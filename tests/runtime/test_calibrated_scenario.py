@@ -50,14 +50,18 @@ def test_the_scenario_loads_and_simulates_every_policy(tmp_path):
 
 def test_the_decoding_after_each_replicas_last_sum_is_profiled_and_fitted(tmp_path):
     """Decode steps are measured in sums of DECODE_SAMPLE_S; what a replica decoded after
-    its last sum goes to the profile at the end, so the scenario counts all of it (this
-    short run's second replica never fills one sum)."""
+    its last sum goes to the profile at the end, so the scenario counts all of it (in this
+    short run every replica ends part-way into a sum: about a quarter of its decoding)."""
     run, path = _export(tmp_path, "bidirl", "train-heavy")
     recs = [json.loads(line) for line in (tmp_path / "profile.jsonl").read_text().splitlines()]
     left = [r for r in recs if r["event"] == "StageMeasured" and r["stage"] == DECODE_REMAINDER]
     assert left and all(r["seconds"] > 0 and r["features"][0] >= 1 for r in left)
     assert len(left) <= run.spec.n_replicas
-    assert load(path).calibration.decode is not None
+    sums = [r for r in recs if r["event"] == "StageMeasured" and r["stage"] == "decode"]
+    theta = load(path).calibration.decode
+    # the fit is scaled to the measured total: the sums' seconds and the remainders' together
+    fitted = sum(sum(c * f for c, f in zip(theta, r["features"])) for r in sums + left)
+    assert fitted == pytest.approx(sum(r["seconds"] for r in sums + left), rel=1e-6)
     assert run.executor.rollout.take_remainders() == []  # taken once: a second finish adds none
 
 
