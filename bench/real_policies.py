@@ -12,8 +12,9 @@ the simulator's prediction from the run's own calibrated scenario
 
     .venv/bin/python bench/real_policies.py --workload rollout-heavy --pairs 5 --json OUT.json
     .venv/bin/python bench/real_policies.py --workload all --pairs 5     # every workload
-    .venv/bin/python bench/real_policies.py --workload balanced --pairs 1 -- run.steps=6
+    .venv/bin/python bench/real_policies.py --workload balanced --pairs 1 -- rollout.temperature=0.7
     .venv/bin/python bench/real_policies.py --workload shifting --pairs 2 --append --json OUT.json
+    .venv/bin/python bench/real_policies.py --workload balanced --pairs 5 --steps 24 --json OUT.json
 
 ``--append`` adds pairs to those already in ``OUT.json`` (a long series in several shorter
 invocations) and summarises them all; each run records the commit it measured.
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,10 +154,12 @@ def run_once(name: str, w: Workload, policy: str, run: Path, data: Path | None, 
     }
 
 
-def run_workload(name: str, pairs: int, extra: list[str], tmp: Path, before: list[dict] = ()) -> dict:
+def run_workload(name: str, pairs: int, extra: list[str], tmp: Path, before: list[dict] = (),
+                 steps: int | None = None) -> dict:
     """``pairs`` more interleaved pairs of ``name``, summarised with the runs ``before`` them
-    (``--append``: a long series split into several shorter invocations)."""
-    w = WORKLOADS[name]
+    (``--append``: a long series split into several shorter invocations); ``steps``: the
+    training steps of each run, instead of the workload's (``--steps``)."""
+    w = WORKLOADS[name] if steps is None else replace(WORKLOADS[name], steps=steps)
     data = long_prompt_rows(tmp / f"{name}-prompts.jsonl") if w.long_prompts else None
     runs: list[dict] = list(before)
     first = 1 + max((r["pair"] for r in before), default=-1)
@@ -263,6 +266,9 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=5, help="interleaved async/bidirl pairs (>= 1)")
     ap.add_argument("--json", default=str(ROOT / "bench/results/real_policies.json"))
     ap.add_argument("--keep", default=None, help="keep the run directories here")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="training steps of each run (default: the workload's, 12): a longer run "
+                         "weighs the cold start (the first batch, the models learning) less")
     ap.add_argument("--append", action="store_true",
                     help="add the pairs to those already in --json (one workload) and summarise them all")
     ap.add_argument("extra", nargs="*", help="key=value overrides for every run (after --)")
@@ -273,6 +279,8 @@ def main() -> int:
             ap.error(f"--workload: {n!r} is not one of {', '.join(WORKLOADS)}, all")
     if args.pairs < 1:
         ap.error("--pairs: must be >= 1")
+    if args.steps is not None and args.steps < 2:
+        ap.error("--steps: must be >= 2 (a run needs a step after the first batch)")
     before: list[dict] = []
     if args.append:
         if len(names) != 1:
@@ -281,13 +289,16 @@ def main() -> int:
             prev = json.loads(Path(args.json).read_text())
             if prev.get("workload") != names[0]:
                 ap.error(f"--append: {args.json} holds workload {prev.get('workload')!r}, not {names[0]!r}")
+            steps = WORKLOADS[names[0]].steps if args.steps is None else args.steps
+            if prev.get("steps") != steps:
+                ap.error(f"--append: {args.json} holds runs of {prev.get('steps')} steps, not {steps} (--steps)")
             before = prev["runs"] + prev["failed_runs"]
     results = []
     with tempfile.TemporaryDirectory(prefix="bidirl-bench-") as tmp_s:
         tmp = Path(args.keep) if args.keep else Path(tmp_s)
         tmp.mkdir(parents=True, exist_ok=True)
         for n in names:
-            results.append(run_workload(n, args.pairs, args.extra, tmp, before))
+            results.append(run_workload(n, args.pairs, args.extra, tmp, before, args.steps))
             out = results[0] if len(results) == 1 and args.workload != "all" else {"workloads": results}
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(out, indent=1))  # after each workload: nothing lost
