@@ -211,7 +211,7 @@ def test_losing_the_trainer_node_stops_and_resume_completes_on_one_node(two_node
     errors = [ln for ln in err.splitlines() if ln.startswith("bidirl train: error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
     assert f"node {two_nodes.ip_of(1)} (devices [1]) is gone" in errors[0], errors[0]
-    assert "primary trainer" in errors[0] and f"--resume {run}" in errors[0], errors[0]
+    assert "and with it the primary trainer's devices [1]" in errors[0] and f"--resume {run}" in errors[0], errors[0]
     done = sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*") if (p / "COMPLETE").is_file())
     assert done and done[-1] < steps, done
     k = done[-1]

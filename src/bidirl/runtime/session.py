@@ -103,6 +103,7 @@ class TrainSession:
         self.checkpointed: int | None = None  # the newest checkpoint this session wrote
         self._chosen: tuple[Path | None, dict | None] | None = None  # prepare_resume's answer
         self.placement = None  # runtime/placement.Placement: the node of each device, once placed
+        self.train_devices: tuple[int, ...] = ()
 
     # -- set-up ---------------------------------------------------------------------------
     def prepare_resume(self) -> tuple[Path | None, dict | None]:
@@ -245,6 +246,7 @@ class TrainSession:
               f"(policy {cfg.scheduler.policy}, staleness {cfg.scheduler.staleness}{warmed})", file=sys.stderr)
         controller = Controller(spec, make_policy(cfg.scheduler.policy))
         self.placement = placement
+        self.train_devices = tuple(train_devices)  # the primary trainer's: a lost node names them
         unit_of = {unit_device(u): u for u in range(spec.n_units)}
         sync_warm = [s for kind, s, _ in switch_measurements if kind == PREWARM_SYNC]
         switch_measurements = [m for m in switch_measurements if m[0] not in (PREWARM_SYNC, WARM_UP)]
@@ -350,8 +352,19 @@ class TrainSession:
         done = complete_checkpoints(self.ckpt_root)
         where = f"checkpoint {done[-1].name}" if done else "step 0 (no checkpoint yet)"
         nodes = ", ".join(f"{x.ip} (devices {p.devices_on(x.index)})" for x in gone)
-        return NodeLost(f"node {nodes} is gone ({' '.join(str(e).split())}); resume from {where} with: bidirl train "
-                        f"--resume {self.run_dir} (on the nodes left; without --ray-address: this machine)")
+        return NodeLost(f"node {nodes} is gone, {self._lost_with(gone)} ({' '.join(str(e).split())}); resume "
+                        f"from {where} with: bidirl train --resume {self.run_dir} (on the nodes left; without "
+                        "--ray-address: this machine)")
+
+    def _lost_with(self, gone) -> str:
+        """What went with the ``gone`` nodes, by role: the exception that surfaced first may
+        be any call's (e.g. a replica's whose input lived there), not the trainer's own."""
+        lost = sorted(d for x in gone for d in self.placement.devices_on(x.index))
+        trainer = [d for d in lost if d in self.train_devices]
+        rollout = [d for d in lost if d not in self.train_devices]
+        parts = ([f"the primary trainer's devices {trainer}"] if trainer else []) + (
+            [f"rollout devices {rollout}"] if rollout else [])
+        return "and with it " + " and ".join(parts)
 
     def publish_model(self) -> str | None:
         """``RUN_DIR/model/``: the newest checkpoint's Hugging Face model directory."""
