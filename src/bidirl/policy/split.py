@@ -19,9 +19,10 @@ Two pure functions:
     makespan minimal.
 
 A third, ``steal_schedule``, says what happens when an auxiliary trainer *joins a step in
-progress* (``JoinStep``): each primary rank keeps one micro-batch queued behind the one it
-computes and claims its next one when it starts the queued one; the auxiliary takes the
-last micro-batch nobody has claimed each time it is free.  The simulator runs it on true
+progress* (``JoinStep``): each primary rank keeps ``PRIMARY_DEPTH`` calls on its device (at
+2, one micro-batch queued behind the one it computes, and it claims its next one when it
+starts the queued one; at 1, it claims its next one when the current one ends); the
+auxiliary takes the last micro-batch nobody has claimed each time it is free.  The simulator runs it on true
 times, the admission on predicted ones, the real runtime by pulling work as calls return.
 Chunk plans stay fixed at step start; a join only moves micro-batches, never the merge
 order (each is merged where the plan put it).
@@ -34,6 +35,13 @@ import math
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+# Calls a primary rank keeps on its device: 2 is one computing and one queued, so the device
+# never waits for a round trip to the driver; but the queued one is claimed, and a replica
+# that joins the step late finds nothing to take (balanced's rollout device idles 0.5-0.8 s
+# a step for it; BENCHMARKS.md, issue 11).  The real train driver keeps this many calls and
+# the join rule below plays out the same; ``bench/sim_primary_depth.py`` compares 1 and 2.
+PRIMARY_DEPTH = 2
 
 
 def split_by_capacity(n: int, capacities: Sequence[float]) -> list[int]:
@@ -176,11 +184,12 @@ def steal_schedule(ranks: Sequence[RankProgress], aux_free_s: Sequence[float],
                    aux_micro_s: Mapping[int, float], aux_scale: Sequence[float] | None = None) -> StealPlan:
     """The two-ended pull of a join (module docstring), event by event: O(n log n).
 
-    A rank claims the head of its ``todo`` when it starts its queued micro-batch; an
-    auxiliary, free from ``aux_free_s[j]``, takes the highest unclaimed index of all ranks
-    each time it is free, and computes it in ``aux_micro_s[index] * aux_scale[j]``.  Ties in
-    time go to the primary (a call that returns first is answered first), then to the
-    auxiliary listed first.
+    A rank claims the head of its ``todo`` when it starts its queued micro-batch, or, with
+    none queued (depth 1), when its current one ends; an auxiliary, free from
+    ``aux_free_s[j]``, takes the highest unclaimed index of all ranks each time it is free,
+    and computes it in ``aux_micro_s[index] * aux_scale[j]``.  Ties in time go to the
+    primary (a call that returns first is answered first), then to the auxiliary listed
+    first.
     """
     scale = list(aux_scale) if aux_scale is not None else [1.0] * len(aux_free_s)
     todo = [deque(r.todo) for r in ranks]
@@ -201,19 +210,25 @@ def steal_schedule(ranks: Sequence[RankProgress], aux_free_s: Sequence[float],
             idx, _ = todo[max(tails)[1]].pop()
             stolen[i].append((idx, t))
             heapq.heappush(events, (t + aux_micro_s[idx] * scale[i], 1, i))
-        elif queued[i] is None:  # nothing behind the one that just ended: this rank is done
-            primary_end = max(primary_end, t)
-        else:
+        elif queued[i] is not None:  # it starts the queued one and claims the next behind it
             d = queued[i]
             queued[i] = todo[i].popleft()[1] if todo[i] else None
             heapq.heappush(events, (t + d, 0, i))
+        elif todo[i]:  # depth 1: nothing queued, it claims its next one now
+            heapq.heappush(events, (t + todo[i].popleft()[1], 0, i))
+        else:  # nothing behind the one that just ended: this rank is done
+            primary_end = max(primary_end, t)
     return StealPlan(tuple(tuple(x) for x in stolen), primary_end, tuple(aux_end))
 
 
-def rank_progress(rank_items: Sequence[Sequence[tuple[int, float]]], started_s: float, now_s: float
-                  ) -> list[RankProgress]:
+def rank_progress(rank_items: Sequence[Sequence[tuple[int, float]]], started_s: float, now_s: float,
+                  depth: int | None = None) -> list[RankProgress]:
     """Each rank's ``RankProgress`` at ``now_s`` if it has computed its ``(index, seconds)``
-    items back to back since ``started_s`` (the admission's view of a step in progress)."""
+    items back to back since ``started_s`` (the admission's view of a step in progress),
+    keeping ``depth`` calls on its device (``PRIMARY_DEPTH`` unless given: 1 or 2)."""
+    depth = PRIMARY_DEPTH if depth is None else depth
+    if depth not in (1, 2):
+        raise ValueError(f"depth: {depth} calls on a primary's device; allowed: 1, 2")
     out = []
     for items in rank_items:
         t, k = started_s, 0
@@ -224,6 +239,9 @@ def rank_progress(rank_items: Sequence[Sequence[tuple[int, float]]], started_s: 
             out.append(RankProgress(t, None, ()))
             continue
         current_end = t + items[k][1]
+        if depth == 1:
+            out.append(RankProgress(current_end, None, tuple(items[k + 1:])))
+            continue
         queued = items[k + 1][1] if k + 1 < len(items) else None
         out.append(RankProgress(current_end, queued, tuple(items[k + 2:])))
     return out

@@ -5,8 +5,9 @@ micro-batches.  Every call computes one micro-batch, so that work can move while
 step runs:
 
 * each primary data-parallel rank gets its micro-batches (dealt round-robin) one call at
-  a time, keeping ``PRIMARY_DEPTH`` calls on its device (one computing, one queued behind
-  it, so the device never waits for a round trip to the driver);
+  a time, keeping ``PRIMARY_DEPTH`` calls on its device (``policy.split``; at 2, one
+  computing and one queued behind it, so the device never waits for a round trip to the
+  driver);
 * an auxiliary trainer in the plan computes its chunk the same way (``PRIMARY_DEPTH``
   calls on its device), so a reclaim waits for at most the micro-batch in progress and
   the one queued; what it had not started goes to the primary (or a joiner);
@@ -31,8 +32,7 @@ from bidirl.controller.actions import PRIMARY, JoinStep, StartTrainStep
 from bidirl.controller.events import ChunkComputed, StageMeasured, TrainStepFinished
 from bidirl.core.staleness import staleness_at_training
 from bidirl.frame.hosting import LENDING, LENT
-
-PRIMARY_DEPTH = 2  # calls a primary rank keeps on its device: one computing, one queued
+from bidirl.policy.split import PRIMARY_DEPTH  # calls a primary rank keeps on its device
 
 
 @dataclass
