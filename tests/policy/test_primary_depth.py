@@ -2,8 +2,8 @@
 
 At depth 2 a rank's next micro-batch is claimed as soon as its current one starts the queued
 one, so a joiner that arrives with two left takes nothing; at depth 1 it takes the one that
-would have been queued.  Either way every micro-batch is computed exactly once, and a step
-alone plays out the same at both depths."""
+would have been queued, and the rank claims the rest one by one as each ends; a step alone
+ends at the same time at both depths."""
 
 from __future__ import annotations
 
@@ -14,13 +14,6 @@ from bidirl.policy.split import rank_progress, steal_schedule
 
 ITEMS = [[(i, 1.0) for i in range(4)]]  # one rank, four micro-batches of 1 s from t = 0
 AUX = {i: 0.8 for i in range(4)}
-
-
-def _computed(plan, progress) -> list[int]:
-    """Every index the plan has computed: the ranks' current/queued/todo ones it kept, and
-    the stolen ones (each must appear once)."""
-    stolen = [i for run in plan.stolen for i, _ in run]
-    return sorted(stolen + [i for i, _ in ITEMS[0] if i not in stolen])
 
 
 def test_depth_2_holds_the_queued_one_and_the_joiner_takes_nothing():
@@ -36,7 +29,6 @@ def test_depth_1_leaves_it_to_the_joiner_and_the_step_ends_sooner():
     plan = steal_schedule(p, [2.5], AUX)
     assert plan.stolen == (((3, 2.5),),)
     assert plan.primary_end_s == 3.0 and plan.aux_end_s == (pytest.approx(3.3),)
-    assert _computed(plan, p) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("depth", [1, 2])
@@ -48,11 +40,12 @@ def test_a_rank_alone_computes_all_it_has_at_either_depth(depth):
 
 
 def test_a_late_joiner_at_depth_1_takes_from_the_tail_only_what_is_left():
-    p = rank_progress(ITEMS, 0.0, 0.5, depth=1)  # computing #0; #1..#3 unclaimed
+    """Computing #0 with #1..#3 unclaimed, a joiner free at 0.5 takes #3 (0.5-1.3), the rank
+    claims #1 when #0 ends (1.0-2.0), the joiner takes #2 (1.3-2.1); nothing is left twice."""
+    p = rank_progress(ITEMS, 0.0, 0.5, depth=1)
     plan = steal_schedule(p, [0.5], AUX)
-    got = [i for i, _ in plan.stolen[0]]
-    assert got and got == sorted(got, reverse=True) and 0 not in got  # from the tail, never the current
-    assert _computed(plan, p) == [0, 1, 2, 3]
+    assert plan.stolen == (((3, 0.5), (2, pytest.approx(1.3))),)
+    assert plan.primary_end_s == 2.0 and plan.aux_end_s == (pytest.approx(2.1),)
 
 
 def test_the_default_is_the_modules_depth(monkeypatch):

@@ -22,8 +22,9 @@ A third, ``steal_schedule``, says what happens when an auxiliary trainer *joins 
 progress* (``JoinStep``): each primary rank keeps ``PRIMARY_DEPTH`` calls on its device (at
 2, one micro-batch queued behind the one it computes, and it claims its next one when it
 starts the queued one; at 1, it claims its next one when the current one ends); the
-auxiliary takes the last micro-batch nobody has claimed each time it is free.  The simulator runs it on true
-times, the admission on predicted ones, the real runtime by pulling work as calls return.
+auxiliary takes the last micro-batch nobody has claimed each time it is free.  The
+simulator runs it on true times, the admission on predicted ones, the real runtime by
+pulling work as calls return.
 Chunk plans stay fixed at step start; a join only moves micro-batches, never the merge
 order (each is merged where the plan put it).
 """
@@ -41,6 +42,8 @@ from dataclasses import dataclass
 # that joins the step late finds nothing to take (balanced's rollout device idles 0.5-0.8 s
 # a step for it; BENCHMARKS.md, issue 11).  The real train driver keeps this many calls and
 # the join rule below plays out the same; ``bench/sim_primary_depth.py`` compares 1 and 2.
+# Depth 1 measured better on balanced (BENCHMARKS.md) but is not adopted: on fake devices the
+# simulator then predicts a bidirl train-heavy run 13 % low (test_calibrated_scenario.py).
 PRIMARY_DEPTH = 2
 
 
