@@ -130,20 +130,25 @@ def _median(values) -> float | None:
 
 
 def _step_overhead(records: list[dict], dp: int) -> float | None:
-    """Median of a training step's time beyond its primary ranks' compute (their measured
-    time over ``dp``: the ranks run in parallel), over steps without auxiliary chunks (an
-    auxiliary's arrival, not overhead, ends those)."""
-    steps = [r for r in records if r["event"] == "TrainStepFinished"]
-    out = []
-    for r in steps:
+    """Median of a training step's time beyond its compute: over steps without auxiliary
+    chunks, the step's time beyond its primary ranks' compute (their measured time over
+    ``dp``: the ranks run in parallel); a run whose every step had auxiliaries (``bidirl``
+    on a train-heavy workload) measures it after the last chunk came back instead: the
+    step's end less the last micro-batch's return and the C_grad pulls of the merge."""
+    plain, merged = [], []
+    for r in (r for r in records if r["event"] == "TrainStepFinished"):
         t0, t1 = r["t"] - r["seconds"], r["t"]
         inside = [m for m in records if m["event"] == "StageMeasured" and t0 <= m["t"] <= t1]
+        computed = [m for m in inside if m["stage"] in ("train_micro", "aux_micro")]
         if any(m["stage"] in ("aux_micro", "train_on_roll.c_grad") for m in inside):
+            if computed:
+                pulls = sum(m["seconds"] for m in inside if m["stage"] == "train_on_roll.c_grad")
+                merged.append(max(0.0, t1 - max(m["t"] for m in computed) - pulls))
             continue
-        primary = [m["seconds"] for m in inside if m["stage"] == "train_micro"]
+        primary = [m["seconds"] for m in computed]
         if primary:
-            out.append(max(0.0, r["seconds"] - sum(primary) / dp))
-    return _median(out)
+            plain.append(max(0.0, r["seconds"] - sum(primary) / dp))
+    return _median(plain or merged)
 
 
 def _startup(records: list[dict]) -> float:

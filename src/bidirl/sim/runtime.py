@@ -34,10 +34,9 @@ from bidirl.core.ledger import Role
 from bidirl.frame.device_time import BUSY, IDLE, SWITCHING, Recorder
 from bidirl.frame.hosting import HOME, LENT, Hosting
 from bidirl.frame.pump import EventPump
-from bidirl.policy.base import primary_ranks
 from bidirl.policy.split import rank_progress, steal_schedule
 from bidirl.sim.engine import ReplicaEngine
-from bidirl.sim.training import micro_times, plan_step
+from bidirl.sim.training import micro_features, micro_times, plan_step, primary_micro_ends
 from bidirl.sim.workload import ResponseLengths
 from bidirl.sim.world import Truth
 
@@ -229,15 +228,22 @@ class SimRuntime:
                          "C_grad", True)
             self._at(run.arrive, self.rec.set, d, run.arrive, IDLE, role, WAITING, True)
             self._at(run.arrive, self._deliver, ChunkComputed(run.unit, a.step))
-        for m in tl.measurements:
-            self._deliver(m)
+        for t, m in tl.measurements:
+            self._at(t, self._deliver, m)
         self.trained.device_s += tl.device_seconds
         self.trained.tokens += sum(mb.tokens for mb in a.micro_batches)
         micro = micro_times(self.truth.train.micro.theta, a.micro_batches)
-        raw = max((sum(micro[i] for i in idx) for idx in primary_ranks(a, spec.train_dp)), default=0.0)
-        self.step = _StepInFlight(a, now, tl, (tl.primary_end - now) / raw if raw > 0 else 1.0,
-                                  max((r.arrive for r in tl.aux), default=now), tl.end - tl.merge_start)
-        self._schedule_end(self.step)
+        st = _StepInFlight(a, now, tl, max((r.arrive for r in tl.aux), default=now), tl.end - tl.merge_start)
+        self.step = st
+        for t, i, seconds in primary_micro_ends(tl, micro):
+            self._at(t, self._primary_measured, st, i, seconds)
+        self._schedule_end(st)
+
+    def _primary_measured(self, st: _StepInFlight, i: int, seconds: float) -> None:
+        """Micro-batch ``i`` is done on its primary rank, unless a joiner took it meanwhile."""
+        if any(i == k for j in st.joiners.values() for k, _ in j.items):
+            return
+        self._deliver(StageMeasured("train_micro", micro_features(st.action.micro_batches[i]), seconds))
 
     def _schedule_end(self, st: _StepInFlight) -> None:
         """(Re)schedule the primary's idle time, the merge and the step's end (a join moves them)."""
@@ -253,7 +259,7 @@ class SimRuntime:
         if merge_start > st.tl.primary_end:
             at(st.tl.primary_end, self.rec.set, devs, st.tl.primary_end, IDLE, "train", WAITING)
         at(merge_start, self.rec.set, devs, merge_start, BUSY, "train", f"step {step} merge")
-        at(end, self._stepped, step, end - st.start)
+        at(end, self._stepped, step, end - st.start, st.tl.sync_measurement)
 
     def _join(self, a: JoinStep) -> None:
         """Auxiliary ``a.unit`` takes unclaimed micro-batches from the tail (``steal_schedule``
@@ -266,8 +272,8 @@ class SimRuntime:
         taken = {i for items in fixed.values() for i, _ in items}
         aux_micro = dict(enumerate(micro_times(self.truth.aux.micro.theta, st.action.micro_batches)))
         micro = micro_times(self.truth.train.micro.theta, st.action.micro_batches)
-        ranks = [[(i, micro[i] * st.factor) for i in idx if i not in taken]
-                 for idx in primary_ranks(st.action, self.spec.train_dp)]
+        ranks = [[(i, micro[i] * f) for i in idx if i not in taken]
+                 for idx, f in zip(st.tl.rank_items, st.tl.rank_factor)]
         progress = rank_progress(ranks, st.start, now)
         # A joiner that is done (its chunk delivered) keeps what it had; the others go on.
         runs = [j for j in st.joiners.values() if not (j.token and j.arrive <= now)]
@@ -310,7 +316,9 @@ class SimRuntime:
         for ev in done:
             at(j.arrive, self._deliver, ev)
 
-    def _stepped(self, step: int, seconds: float) -> None:
+    def _stepped(self, step: int, seconds: float, sync: StageMeasured | None = None) -> None:
+        if sync is not None:  # the all-reduce is measured once it is done
+            self._deliver(sync)
         self.version = step + 1
         self.trained.step_ends.append(self.env.now)
         self.rec.set(self.spec.train_devices, self.env.now, IDLE, "train", WAITING)
@@ -408,7 +416,6 @@ class _StepInFlight:
     action: StartTrainStep
     start: float
     tl: object  # sim.training.StepTimeline
-    factor: float  # the primary's noise: its time over the truth's
     static_arrive: float  # when the last chunk of the plan's auxiliaries arrives
     after_s: float  # all-reduce + optimizer + per-step overhead after the merge starts
     joiners: dict[int, _Joiner] = field(default_factory=dict)

@@ -6,6 +6,13 @@ rank).  An auxiliary trainer starts its chunk once it is up (after C_in), comput
 one rank of ``rollout_tp`` devices and ships the gradient (C_grad).  The primary merges
 the chunks in chunk order when the last one has arrived, then all-reduces over its ranks
 (plus colocated ranks, for ``sync``) and steps the optimizer.
+
+Measurements reach the controller when the real runtime would deliver them: one
+``train_micro`` per primary micro-batch as it finishes on its rank (the real driver's one
+call per micro-batch), an auxiliary's ``aux_micro`` and C_grad when its chunk arrives, the
+all-reduce once the merge is done.  A controller that saw the whole step's times at its
+start would be clairvoyant: it lent replicas to a cold first step that the real controller,
+waiting for the first micro-batch, does not.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass, field
 from bidirl.controller.actions import PRIMARY, StartTrainStep
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.controller.events import StageMeasured
+from bidirl.policy.base import primary_ranks
 from bidirl.sim.world import Truth
 
 
@@ -35,7 +43,10 @@ class StepTimeline:
     merge_start: float
     end: float
     aux: list[AuxRun] = field(default_factory=list)
-    measurements: list[StageMeasured] = field(default_factory=list)
+    rank_items: list[list[int]] = field(default_factory=list)  # each primary rank's micro-batches, in order
+    rank_factor: list[float] = field(default_factory=list)  # each rank's noise draw
+    measurements: list[tuple[float, StageMeasured]] = field(default_factory=list)  # (when, what), not primary
+    sync_measurement: StageMeasured | None = None  # delivered when the merge is done
     device_seconds: float = 0.0  # ideal device-seconds of the step's micro-batches
 
 
@@ -46,20 +57,10 @@ def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
     mbs, dp = a.micro_batches, spec.train_dp
     micro = micro_times(truth.train.micro.theta, mbs)
     aux_micro = micro_times(truth.aux.micro.theta, mbs)
-    ranks = [0.0] * dp
-    feats = [0.0, 0.0, 0.0]
-    nth = 0
-    for chunk in a.chunks:
-        if chunk.executor != PRIMARY:
-            continue
-        for i in chunk.micro_batches:
-            ranks[nth % dp] += micro[i]
-            nth += 1
-            _add(feats, mbs[i])
-    ranks = [r * noise() for r in ranks]
-    tl = StepTimeline(now, now + max(ranks), 0.0, 0.0)
-    if nth:
-        tl.measurements.append(StageMeasured("train_micro", tuple(feats), sum(ranks)))
+    items = primary_ranks(a, dp)
+    factor = [noise() for _ in range(dp)]
+    ranks = [sum(micro[i] for i in idx) * f for idx, f in zip(items, factor)]
+    tl = StepTimeline(now, now + max(ranks), 0.0, 0.0, rank_items=items, rank_factor=factor)
     merge_start = tl.primary_end
     feats, computed = [0.0, 0.0, 0.0], 0.0  # one summed measurement for all aux chunks
     for chunk in a.chunks:
@@ -75,20 +76,37 @@ def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
         run = AuxRun(u, start, start + compute, start + compute + ship, u in colocated)
         tl.aux.append(run)
         if not run.colocated:
-            tl.measurements.append(StageMeasured("train_on_roll.c_grad", (), ship))
+            tl.measurements.append((run.arrive, StageMeasured("train_on_roll.c_grad", (), ship)))
         merge_start = max(merge_start, run.arrive)
     if computed:
-        tl.measurements.append(StageMeasured("aux_micro", tuple(feats), computed))
+        last = max(r.compute_end for r in tl.aux)
+        tl.measurements.insert(0, (last, StageMeasured("aux_micro", tuple(feats), computed)))
     ranks_total = dp + sum(1 for r in tl.aux if r.colocated)
     wire = truth.train.grad_wire_s(ranks_total, spec.train_spans_nodes or ranks_total > dp)
     sync = truth.train.sync_s(ranks_total, spec.train_spans_nodes or ranks_total > dp) * noise()
     if ranks_total > 1:
-        tl.measurements.append(StageMeasured("train_sync", (1.0, wire), sync))
+        tl.sync_measurement = StageMeasured("train_sync", (1.0, wire), sync)
     tl.merge_start = merge_start
     tl.end = merge_start + sync + truth.step_overhead_s
     tl.device_seconds = sum(min(spec.train_tp * p, spec.rollout_tp * q)
                             for p, q in zip(micro, aux_micro))
     return tl
+
+
+def primary_micro_ends(tl: StepTimeline, micro: list[float]) -> list[tuple[float, int, float]]:
+    """``(end, micro-batch, seconds)`` of every primary micro-batch, each rank back to back."""
+    out = []
+    for idx, f in zip(tl.rank_items, tl.rank_factor):
+        t = tl.start
+        for i in idx:
+            t += micro[i] * f
+            out.append((t, i, micro[i] * f))
+    return sorted(out)
+
+
+def micro_features(mb) -> tuple[float, float, float]:
+    """A micro-batch's ``train_micro`` / ``aux_micro`` features: (1, tokens, tokens x seq_len)."""
+    return (1.0, float(mb.tokens), float(mb.tokens * mb.seq_len))
 
 
 def micro_times(theta, mbs) -> list[float]:
