@@ -37,14 +37,14 @@ from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# Calls a primary rank keeps on its device: 2 is one computing and one queued, so the device
-# never waits for a round trip to the driver; but the queued one is claimed, and a replica
-# that joins the step late finds nothing to take (balanced's rollout device idles 0.5-0.8 s
-# a step for it; BENCHMARKS.md, issue 11).  The real train driver keeps this many calls and
-# the join rule below plays out the same; ``bench/sim_primary_depth.py`` compares 1 and 2.
-# Depth 1 measured better on balanced (BENCHMARKS.md) but is not adopted: on fake devices the
-# simulator then predicts a bidirl train-heavy run 13 % low (test_calibrated_scenario.py).
-PRIMARY_DEPTH = 2
+# Calls a primary rank keeps on its device.  At 2 (one computing, one queued) the device never
+# waits for a round trip to the driver, but the queued one is claimed, and a replica that joins
+# the step late finds nothing to take (balanced's rollout device idled 0.5-0.8 s a step for
+# it; BENCHMARKS.md, issue 11).  At 1 a rank claims its next micro-batch only when its current
+# one returns: one round trip (a few ms) per ~0.1-0.6 s micro-batch buys joiners the tail.
+# The real train driver keeps this many calls and the join rule below plays out the same;
+# ``bench/sim_primary_depth.py`` compares 1 and 2 in the simulator, BENCHMARKS.md on real devices.
+PRIMARY_DEPTH = 1
 
 
 def split_by_capacity(n: int, capacities: Sequence[float]) -> list[int]:

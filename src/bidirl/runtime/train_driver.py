@@ -5,12 +5,13 @@ micro-batches.  Every call computes one micro-batch, so that work can move while
 step runs:
 
 * each primary data-parallel rank gets its micro-batches (dealt round-robin) one call at
-  a time, keeping ``PRIMARY_DEPTH`` calls on its device (``policy.split``; at 2, one
-  computing and one queued behind it, so the device never waits for a round trip to the
-  driver);
+  a time, keeping ``PRIMARY_DEPTH`` calls on its device (``policy.split``; at 1, the
+  default, it claims the next when the current one returns, which leaves a joiner the
+  tail; at 2, one computing and one queued behind it, so the device never waits for a
+  round trip to the driver);
 * an auxiliary trainer in the plan computes its chunk the same way (``PRIMARY_DEPTH``
-  calls on its device), so a reclaim waits for at most the micro-batch in progress and
-  the one queued; what it had not started goes to the primary (or a joiner);
+  calls on its device), so a reclaim waits for at most the micro-batch in progress (and
+  the one queued, at depth 2); what it had not started goes to the primary (or a joiner);
 * an auxiliary that joins the step in progress (``JoinStep``) takes the highest
   micro-batch no rank has claimed yet, each time its previous one returns: the primary
   eats its list from the head, the auxiliary from the tail, and they meet
