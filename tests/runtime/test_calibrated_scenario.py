@@ -81,3 +81,24 @@ def test_the_scenario_predicts_the_run_it_came_from(tmp_path, workload, policy):
     run, path = _export(tmp_path, policy, workload)
     predicted = simulate(load(path), policy, record_intervals=False).throughput_tokens_per_s
     assert predicted / _tokens_per_s(run) == pytest.approx(1.0, abs=0.1)
+
+
+def _measured(t, stage, seconds):
+    return {"event": "StageMeasured", "t": t, "stage": stage, "seconds": seconds}
+
+
+def _finished(t, seconds):
+    return {"event": "TrainStepFinished", "t": t, "seconds": seconds}
+
+
+def test_the_step_overhead_is_what_follows_the_compute():
+    # a step of the primary alone: 1.0 s of which 0.8 s computed (one rank)
+    plain = [_measured(0.5, "train_micro", 0.4), _measured(0.9, "train_micro", 0.4), _finished(1.0, 1.0)]
+    # a step with an auxiliary: the last chunk is back at 2.6, its gradient pulled in 0.03 s
+    merged = [_measured(1.4, "train_micro", 0.4), _measured(2.6, "aux_micro", 1.5),
+              _measured(2.7, "train_on_roll.c_grad", 0.03), _finished(2.7, 1.7)]
+    overhead = calibrated_scenario._step_overhead
+    assert overhead(plain + merged, dp=1) == pytest.approx(0.2)  # steps without auxiliaries first
+    # every step had auxiliaries (bidirl, train-heavy): the time after the last chunk less C_grad
+    assert overhead(merged, dp=1) == pytest.approx(0.07)
+    assert overhead([_finished(1.0, 1.0)], dp=1) is None  # nothing measured: no figure
