@@ -72,7 +72,7 @@ def test_every_micro_batch_is_measured_once_and_only_after_it_ran(timeline):
         # the chunk of the auxiliary that computed it
         assert sum(m.features[0] for _, m in inside) == len(a.micro_batches)
         primary = [(t, m) for t, m in inside if m.stage == "train_micro"]
-        assert all(m.features[0] == 1 for _, m in primary)  # one per call, like the real driver
+        assert all(m.features[0] == 1 for _, m in primary)  # dp 1: one per call, like the real driver
         # nothing is known at step start: each arrives once its micro-batch has run
         for t, m in primary:
             assert t - t0 >= m.seconds * (1 - 1e-9)

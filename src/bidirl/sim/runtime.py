@@ -36,7 +36,7 @@ from bidirl.frame.hosting import HOME, LENT, Hosting
 from bidirl.frame.pump import EventPump
 from bidirl.policy.split import rank_progress, steal_schedule
 from bidirl.sim.engine import ReplicaEngine
-from bidirl.sim.training import micro_features, micro_times, plan_step, primary_micro_ends
+from bidirl.sim.training import micro_features, micro_times, plan_step, primary_micro_rounds
 from bidirl.sim.workload import ResponseLengths
 from bidirl.sim.world import Truth
 
@@ -235,15 +235,17 @@ class SimRuntime:
         micro = micro_times(self.truth.train.micro.theta, a.micro_batches)
         st = _StepInFlight(a, now, tl, max((r.arrive for r in tl.aux), default=now), tl.end - tl.merge_start)
         self.step = st
-        for t, i, seconds in primary_micro_ends(tl, micro):
-            self._at(t, self._primary_measured, st, i, seconds)
+        for t, done in primary_micro_rounds(tl, micro):
+            self._at(t, self._primary_measured, st, done)
         self._schedule_end(st)
 
-    def _primary_measured(self, st: _StepInFlight, i: int, seconds: float) -> None:
-        """Micro-batch ``i`` is done on its primary rank, unless a joiner took it meanwhile."""
-        if any(i == k for j in st.joiners.values() for k, _ in j.items):
-            return
-        self._deliver(StageMeasured("train_micro", micro_features(st.action.micro_batches[i]), seconds))
+    def _primary_measured(self, st: _StepInFlight, done: list[tuple[int, float]]) -> None:
+        """A round of the primary's micro-batches is done: those no joiner took meanwhile."""
+        taken = {k for j in st.joiners.values() for k, _ in j.items}
+        own = [(i, sec) for i, sec in done if i not in taken]
+        if own:
+            feats = [sum(x) for x in zip(*(micro_features(st.action.micro_batches[i]) for i, _ in own))]
+            self._deliver(StageMeasured("train_micro", tuple(feats), sum(sec for _, sec in own)))
 
     def _schedule_end(self, st: _StepInFlight) -> None:
         """(Re)schedule the primary's idle time, the merge and the step's end (a join moves them)."""

@@ -7,9 +7,9 @@ one rank of ``rollout_tp`` devices and ships the gradient (C_grad).  The primary
 the chunks in chunk order when the last one has arrived, then all-reduces over its ranks
 (plus colocated ranks, for ``sync``) and steps the optimizer.
 
-Measurements reach the controller when the real runtime would deliver them: one
-``train_micro`` per primary micro-batch as it finishes on its rank (the real driver's one
-call per micro-batch), an auxiliary's ``aux_micro`` and C_grad when its chunk arrives, the
+Measurements reach the controller when the real runtime would deliver them: ``train_micro``
+as the primary's micro-batches finish (one per round of its ranks: at ``dp`` 1 the real
+driver's one call per micro-batch), an auxiliary's ``aux_micro`` and C_grad when its chunk arrives, the
 all-reduce once the merge is done.  A controller that saw the whole step's times at its
 start would be clairvoyant: it lent replicas to a cold first step that the real controller,
 waiting for the first micro-batch, does not.
@@ -93,15 +93,20 @@ def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
     return tl
 
 
-def primary_micro_ends(tl: StepTimeline, micro: list[float]) -> list[tuple[float, int, float]]:
-    """``(end, micro-batch, seconds)`` of every primary micro-batch, each rank back to back."""
-    out = []
+def primary_micro_rounds(tl: StepTimeline, micro: list[float]) -> list[tuple[float, list[tuple[int, float]]]]:
+    """``(end, [(micro-batch, seconds), ...])`` for each round of the primary's micro-batches:
+    the k-th of every rank, ending when the slowest rank has done its k-th.  At ``dp`` 1 a
+    round is one call, as the real driver measures it; at cluster scale one summed
+    measurement per round keeps the events at the rounds' count, not the calls'."""
+    ends: dict[int, float] = {}
+    rounds: dict[int, list[tuple[int, float]]] = {}
     for idx, f in zip(tl.rank_items, tl.rank_factor):
         t = tl.start
-        for i in idx:
+        for k, i in enumerate(idx):
             t += micro[i] * f
-            out.append((t, i, micro[i] * f))
-    return sorted(out)
+            ends[k] = max(ends.get(k, t), t)
+            rounds.setdefault(k, []).append((i, micro[i] * f))
+    return [(ends[k], rounds[k]) for k in sorted(rounds)]
 
 
 def micro_features(mb) -> tuple[float, float, float]:
