@@ -244,8 +244,8 @@ class SimRuntime:
         taken = {k for j in st.joiners.values() for k, _ in j.items}
         own = [(i, sec) for i, sec in done if i not in taken]
         if own:
-            feats = [sum(x) for x in zip(*(micro_features(st.action.micro_batches[i]) for i, _ in own))]
-            self._deliver(StageMeasured("train_micro", tuple(feats), sum(sec for _, sec in own)))
+            feats = micro_features(st.action.micro_batches[i] for i, _ in own)
+            self._deliver(StageMeasured("train_micro", feats, sum(sec for _, sec in own)))
 
     def _schedule_end(self, st: _StepInFlight) -> None:
         """(Re)schedule the primary's idle time, the merge and the step's end (a join moves them)."""
@@ -307,13 +307,10 @@ class SimRuntime:
         if j.arrive > j.compute_end:
             at(j.compute_end, self.rec.set, d, j.compute_end, SWITCHING, role, "C_grad", True)
         at(j.arrive, self.rec.set, d, j.arrive, IDLE, role, WAITING, True)
-        feats = [0.0, 0.0, 0.0]
-        for i, _ in j.items:
-            mb = st.action.micro_batches[i]
-            feats = [feats[0] + 1, feats[1] + mb.tokens, feats[2] + mb.tokens * mb.seq_len]
+        feats = micro_features(st.action.micro_batches[i] for i, _ in j.items)
         done = [ChunkComputed(j.unit, step)]
         if j.items:
-            done = [StageMeasured("aux_micro", tuple(feats), j.compute_end - j.start),
+            done = [StageMeasured("aux_micro", feats, j.compute_end - j.start),
                     StageMeasured("train_on_roll.c_grad", (), j.ship)] + done
         for ev in done:
             at(j.arrive, self._deliver, ev)

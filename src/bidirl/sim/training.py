@@ -9,8 +9,8 @@ the chunks in chunk order when the last one has arrived, then all-reduces over i
 
 Measurements reach the controller when the real runtime would deliver them: ``train_micro``
 as the primary's micro-batches finish (one per round of its ranks: at ``dp`` 1 the real
-driver's one call per micro-batch), an auxiliary's ``aux_micro`` and C_grad when its chunk arrives, the
-all-reduce once the merge is done.  A controller that saw the whole step's times at its
+driver's one call per micro-batch), an auxiliary's ``aux_micro`` and C_grad when its chunk
+arrives, the all-reduce once the merge is done.  A controller that saw the whole step's times at its
 start would be clairvoyant: it lent replicas to a cold first step that the real controller,
 waiting for the first micro-batch, does not.
 """
@@ -62,14 +62,14 @@ def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
     ranks = [sum(micro[i] for i in idx) * f for idx, f in zip(items, factor)]
     tl = StepTimeline(now, now + max(ranks), 0.0, 0.0, rank_items=items, rank_factor=factor)
     merge_start = tl.primary_end
-    feats, computed = [0.0, 0.0, 0.0], 0.0  # one summed measurement for all aux chunks
+    computed, measured = 0.0, []  # one summed measurement for all aux chunks
     for chunk in a.chunks:
         if chunk.executor == PRIMARY or not chunk.micro_batches:
             continue
         u = chunk.executor
         start = max(now, ready_at.get(u, now))
         for i in chunk.micro_batches:
-            _add(feats, mbs[i])
+            measured.append(mbs[i])
         compute = sum(aux_micro[i] for i in chunk.micro_batches) * noise()
         computed += compute
         ship = 0.0 if u in colocated else truth.switch["train_on_roll.c_grad"] * noise()
@@ -80,7 +80,7 @@ def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
         merge_start = max(merge_start, run.arrive)
     if computed:
         last = max(r.compute_end for r in tl.aux)
-        tl.measurements.insert(0, (last, StageMeasured("aux_micro", tuple(feats), computed)))
+        tl.measurements.insert(0, (last, StageMeasured("aux_micro", micro_features(measured), computed)))
     ranks_total = dp + sum(1 for r in tl.aux if r.colocated)
     wire = truth.train.grad_wire_s(ranks_total, spec.train_spans_nodes or ranks_total > dp)
     sync = truth.train.sync_s(ranks_total, spec.train_spans_nodes or ranks_total > dp) * noise()
@@ -109,9 +109,12 @@ def primary_micro_rounds(tl: StepTimeline, micro: list[float]) -> list[tuple[flo
     return [(ends[k], rounds[k]) for k in sorted(rounds)]
 
 
-def micro_features(mb) -> tuple[float, float, float]:
-    """A micro-batch's ``train_micro`` / ``aux_micro`` features: (1, tokens, tokens x seq_len)."""
-    return (1.0, float(mb.tokens), float(mb.tokens * mb.seq_len))
+def micro_features(mbs) -> tuple[float, float, float]:
+    """The ``train_micro`` / ``aux_micro`` features of micro-batches computed together:
+    (count, tokens, sum of tokens x seq_len); a linear model, so sums are exact."""
+    mbs = list(mbs)
+    return (float(len(mbs)), float(sum(mb.tokens for mb in mbs)),
+            float(sum(mb.tokens * mb.seq_len for mb in mbs)))
 
 
 def micro_times(theta, mbs) -> list[float]:
@@ -119,8 +122,3 @@ def micro_times(theta, mbs) -> list[float]:
     a, c, q = theta
     return [a + c * mb.tokens + q * mb.tokens * mb.seq_len for mb in mbs]
 
-
-def _add(feats: list[float], mb) -> None:
-    feats[0] += 1.0
-    feats[1] += mb.tokens
-    feats[2] += mb.tokens * mb.seq_len
