@@ -1,7 +1,7 @@
 """What the primary's queue depth costs a late joiner, in the simulator.
 
-A primary rank keeps ``policy.split.PRIMARY_DEPTH`` calls on its device.  At 2 (the real
-train driver's), its last two micro-batches are claimed, and a rollout replica that runs
+A primary rank keeps ``policy.split.PRIMARY_DEPTH`` calls on its device (1 since issue 11's
+depth-1 series; 2 before).  At 2 its last two micro-batches are claimed, and a rollout replica that runs
 dry late in a step finds nothing to take; at 1 the one that would be queued is still there
 for it.  This runs ``bidirl`` on each given scenario (e.g. the ``RUN_DIR/scenario.yaml`` a
 real run calibrated) at depth 2 and at depth 1 and prints both throughputs and their ratio
