@@ -34,15 +34,14 @@ def timeline(monkeypatch):
 
     monkeypatch.setattr(Controller, "on_event", spy)
     execute = []
-
-    def record(sim_runtime_execute):
-        def wrapped(self, action):
-            execute.append((self.env.now, action))
-            return sim_runtime_execute(self, action)
-        return wrapped
-
     import bidirl.sim.runtime as sim_runtime
-    monkeypatch.setattr(sim_runtime.SimRuntime, "execute", record(sim_runtime.SimRuntime.execute))
+    carry_out = sim_runtime.SimRuntime.execute
+
+    def recorded(self, action):
+        execute.append((self.env.now, action))
+        return carry_out(self, action)
+
+    monkeypatch.setattr(sim_runtime.SimRuntime, "execute", recorded)
     return seen, execute
 
 
@@ -78,3 +77,18 @@ def test_every_micro_batch_is_measured_once_and_only_after_it_ran(timeline):
             assert t - t0 >= m.seconds * (1 - 1e-9)
         assert sum(m.seconds for _, m in primary) <= (t1 - t0) * (1 + 1e-9)  # one rank (dp 1)
 
+
+
+def test_many_ranks_are_measured_once_a_round(timeline):
+    """At cluster scale one measurement covers a round of the ranks (the k-th micro-batch of
+    each), delivered when the slowest has done it: still every micro-batch exactly once."""
+    seen, execute = timeline
+    sc = load("h100-32-qwen3-8b")
+    simulate(dataclasses.replace(sc, steps=4), "bidirl")
+    steps = _steps(seen, execute)
+    assert len(steps) == 4
+    for *_, a, inside in steps:
+        assert sum(m.features[0] for _, m in inside) == len(a.micro_batches)
+        primary = [(t, m) for t, m in inside if m.stage == "train_micro"]
+        assert any(m.features[0] > 1 for _, m in primary)  # several ranks in one
+        assert len(primary) < len(a.micro_batches)
