@@ -78,7 +78,6 @@ def test_every_micro_batch_is_measured_once_and_only_after_it_ran(timeline):
         assert sum(m.seconds for _, m in primary) <= (t1 - t0) * (1 + 1e-9)  # one rank (dp 1)
 
 
-
 def test_many_ranks_are_measured_once_a_round(timeline):
     """At cluster scale one measurement covers a round of the ranks (the k-th micro-batch of
     each), delivered when the slowest has done it: still every micro-batch exactly once."""

@@ -36,7 +36,7 @@ from bidirl.frame.hosting import HOME, LENT, Hosting
 from bidirl.frame.pump import EventPump
 from bidirl.policy.split import rank_progress, steal_schedule
 from bidirl.sim.engine import ReplicaEngine
-from bidirl.sim.training import micro_features, micro_times, plan_step, primary_micro_rounds
+from bidirl.sim.training import micro_features, micro_times, plan_step
 from bidirl.sim.workload import ResponseLengths
 from bidirl.sim.world import Truth
 
@@ -232,10 +232,9 @@ class SimRuntime:
             self._at(t, self._deliver, m)
         self.trained.device_s += tl.device_seconds
         self.trained.tokens += sum(mb.tokens for mb in a.micro_batches)
-        micro = micro_times(self.truth.train.micro.theta, a.micro_batches)
         st = _StepInFlight(a, now, tl, max((r.arrive for r in tl.aux), default=now), tl.end - tl.merge_start)
         self.step = st
-        for t, done in primary_micro_rounds(tl, micro):
+        for t, done in tl.primary_rounds:
             self._at(t, self._primary_measured, st, done)
         self._schedule_end(st)
 

@@ -10,9 +10,9 @@ the chunks in chunk order when the last one has arrived, then all-reduces over i
 Measurements reach the controller when the real runtime would deliver them: ``train_micro``
 as the primary's micro-batches finish (one per round of its ranks: at ``dp`` 1 the real
 driver's one call per micro-batch), an auxiliary's ``aux_micro`` and C_grad when its chunk
-arrives, the all-reduce once the merge is done.  A controller that saw the whole step's times at its
-start would be clairvoyant: it lent replicas to a cold first step that the real controller,
-waiting for the first micro-batch, does not.
+arrives, the all-reduce once the merge is done.  A controller that saw the whole step's
+times at its start would be clairvoyant: it lent replicas to a cold first step that the
+real controller, waiting for the first micro-batch, does not.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class StepTimeline:
     aux: list[AuxRun] = field(default_factory=list)
     rank_items: list[list[int]] = field(default_factory=list)  # each primary rank's micro-batches, in order
     rank_factor: list[float] = field(default_factory=list)  # each rank's noise draw
+    primary_rounds: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # primary_micro_rounds
     measurements: list[tuple[float, StageMeasured]] = field(default_factory=list)  # (when, what), not primary
     sync_measurement: StageMeasured | None = None  # delivered when the merge is done
     device_seconds: float = 0.0  # ideal device-seconds of the step's micro-batches
@@ -61,6 +62,7 @@ def plan_step(a: StartTrainStep, now: float, spec: ClusterSpec, truth: Truth,
     factor = [noise() for _ in range(dp)]
     ranks = [sum(micro[i] for i in idx) * f for idx, f in zip(items, factor)]
     tl = StepTimeline(now, now + max(ranks), 0.0, 0.0, rank_items=items, rank_factor=factor)
+    tl.primary_rounds = primary_micro_rounds(tl, micro)
     merge_start = tl.primary_end
     computed, measured = 0.0, []  # one summed measurement for all aux chunks
     for chunk in a.chunks:
