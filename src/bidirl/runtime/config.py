@@ -106,10 +106,6 @@ class ClusterConfig:
                                     "run's first is not the process's first (1.1-3.9x slower a token on a CPU)")
     oversubscribe: bool = option(False, "cpu: allow more device workers than this machine has cores "
                                  "(each then runs slower than a device would)")
-    pin_cores: bool = option(True, "cpu, one machine: pin device d's worker (every thread of it) to the d-th "
-                             "core, so two devices' work never shares or swaps a core (unpinned, a decode step "
-                             "beside the other device's work ran 1.10-1.12x slower, pinned 0.96-0.99x: "
-                             "bench/neighbour_slowdown.py); ignored across nodes, on cuda and when oversubscribed")
 
 
 @dataclass

@@ -169,24 +169,6 @@ def check_machine_fits(cfg: TrainConfig, cores: int | None = None) -> None:
                           f"core. Use at most {cores} devices or set cluster.oversubscribe=true")
 
 
-def device_cores(cfg: TrainConfig, cores: list[int] | None = None) -> dict[int, int] | None:
-    """The core each device's worker is pinned to (``cluster.pin_cores``), or None: not pinned.
-
-    Only a local CPU cluster with a core for every device pins: device ``d`` gets the
-    ``d``-th core this process may run on.  Across nodes a driver cannot know which cores
-    another node has free, on cuda a device is a GPU, and oversubscribed devices must share
-    cores anyway.
-    """
-    c = cfg.cluster
-    if not c.pin_cores or c.device != "cpu" or c.ray_address or not hasattr(os, "sched_getaffinity"):
-        return None
-    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
-    devices = c.rollout_devices + c.train_devices
-    if devices > len(cores):
-        return None
-    return {d: cores[d] for d in range(devices)}
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A free TCP port on ``host`` (default loopback: the DP group's rendezvous on one node;
     tests use it too)."""
@@ -297,7 +279,6 @@ def _worker_factory(cfg: TrainConfig, spec: ClusterSpec, placement: Placement | 
     if resource:
         bundle[resource] = 1
     cls = worker_class(num_cpus=1, num_gpus=share if gpu else 0, log_level=cfg.run.worker_log_level)
-    pinned = device_cores(cfg) if placement is None or not placement.spans_nodes else None
     extra = {"resources": {resource: 1}} if resource else {}
     if placement is not None and placement.spans_nodes:
         def strategy(d: int):
@@ -320,8 +301,8 @@ def _worker_factory(cfg: TrainConfig, spec: ClusterSpec, placement: Placement | 
                                "cannot be restarted there; resume from the last checkpoint with: bidirl train "
                                "--resume RUN_DIR (on the nodes left, e.g. cluster.ray_address=null)")
         pool = "rollout" if d < len(spec.replica_devices) else "train"
-        return cls.options(scheduling_strategy=strategy(d), **extra).remote(
-            d, pool, cfg.trainer.threads, cfg.run.seed, core=pinned.get(d) if pinned else None)
+        return cls.options(scheduling_strategy=strategy(d), **extra).remote(d, pool, cfg.trainer.threads,
+                                                                             cfg.run.seed)
 
     return new_worker
 

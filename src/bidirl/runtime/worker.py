@@ -19,29 +19,10 @@ from typing import Any
 from bidirl.runtime.vllm_env import apply_vllm_env, vllm_env
 
 
-def pin_to_core(core: int) -> int:
-    """Pin every thread of this process to ``core`` (``cluster.pin_cores``); returns how many.
-
-    ``sched_setaffinity(0, ...)`` sets the calling thread alone, and Ray has started its own
-    threads before the actor's ``__init__`` runs, so each task of the process is pinned;
-    threads started later (vLLM's stepping thread, Ray's call threads) inherit it.
-    """
-    pinned = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), {core})
-            pinned += 1
-        except (ProcessLookupError, PermissionError):  # a thread that just ended
-            pass
-    return pinned
-
-
 class DeviceWorker:
     """The actor body; wrapped with ``ray.remote`` by :func:`worker_class`."""
 
-    def __init__(self, device: int, pool: str, threads: int = 1, seed: int = 0, core: int | None = None) -> None:
-        if core is not None:  # before any role starts a thread: new threads inherit it
-            pin_to_core(core)
+    def __init__(self, device: int, pool: str, threads: int = 1, seed: int = 0) -> None:
         # Thread counts must be fixed before vLLM loads: it replaces them process-wide.
         apply_vllm_env(threads)
         import torch
