@@ -49,11 +49,19 @@ def _setup(core: int | None) -> None:
     torch.set_num_threads(1)
 
 
-def _decoder(model_dir: str, seqs: int):
-    """A RolloutRole kept at ``seqs`` running requests; yields each engine step's seconds."""
-    from bidirl.runtime.rollout_role import ResponseRequest, RolloutRole
+def _engine(model_dir: str, seqs: int):
+    from bidirl.runtime.rollout_role import RolloutRole
 
-    role = RolloutRole(model_dir, max_num_seqs=seqs, max_model_len=512)
+    return RolloutRole(model_dir, max_num_seqs=seqs, max_model_len=512)
+
+
+def _decoder(role, seqs: int):
+    """``role`` kept at ``seqs`` running requests; yields each engine step's seconds.
+
+    The engine generates on its own thread: between two ``next`` calls it goes on with the
+    requests it has (a neighbour leaving the decode phase aborts them)."""
+    from bidirl.runtime.rollout_role import ResponseRequest
+
     gid = 0
 
     def top_up() -> None:
@@ -95,7 +103,7 @@ def _spinner():
 
 def _measured(model_dir: str, work: str, seqs: int, phase, changed, stop, times, ready, pin: bool) -> None:
     _setup(0 if pin else None)
-    gen = _decoder(model_dir, seqs) if work == "decode" else _trainer(model_dir)
+    gen = _decoder(_engine(model_dir, seqs), seqs) if work == "decode" else _trainer(model_dir)
     for _ in range(20):  # warm up
         next(gen)
     ready.set()
@@ -108,12 +116,18 @@ def _measured(model_dir: str, work: str, seqs: int, phase, changed, stop, times,
 
 def _neighbour(model_dir: str, seqs: int, phase, stop, ready, pin: bool) -> None:
     _setup(1 if pin else None)
-    gens = {"spin": _spinner(), "decode": _decoder(model_dir, seqs), "train": _trainer(model_dir)}
+    engine = _engine(model_dir, seqs)
+    gens = {"spin": _spinner(), "decode": _decoder(engine, seqs), "train": _trainer(model_dir)}
     for g in gens.values():
         next(g)
+    engine.abort_all()
     ready.set()
+    last = "idle"
     while not stop.is_set():
         name = NEIGHBOURS[phase.value]
+        if last == "decode" and name != "decode":  # its requests would decode on into this phase
+            engine.abort_all()
+        last = name
         if name == "idle":
             time.sleep(0.005)
         else:
