@@ -68,9 +68,6 @@ def warm_start(
     Idempotent: returns ``out_dir`` untouched if it already holds a warm start of the same
     source model with the same arguments. Defaults take ~5 s on one core for the 2-layer model.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     spec = {
         "source": str(model_dir.resolve()), "tasks": list(tasks), "steps": steps,
@@ -78,7 +75,10 @@ def warm_start(
     }
     marker = out_dir / _MARKER
     if marker.is_file() and json.loads(marker.read_text()).get("spec") == spec:
-        return out_dir
+        return out_dir  # before importing torch and transformers' models: ~5 s of a run's start-up
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     if num_threads is not None:
         from bidirl.engines.trainer_torch import set_torch_threads
 
