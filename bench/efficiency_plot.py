@@ -6,7 +6,11 @@ throughput (top) and ``bidirl``'s efficiency against the pair's ideal packing bo
 one column of dots per series, the series' median as a bar, and the targets as dashed lines
 (>= 1.20x, >= 1.05x on balanced; efficiency >= 0.9).  The pair-to-pair scatter is the point:
 on a shared 2-core machine one pair says little, and a median of five is what a target is
-judged on.  Prints the medians and writes them to ``--json``.
+judged on.  Two more rows split each pair's efficiency into its two factors (their quotient):
+``bidirl`` against the bound of its *own* busy device-seconds (what its scheduling leaves
+idle or spends switching), and its busy device-seconds over ``async``'s for the same work
+(what the machine charges for running work beside work).  Prints the medians and writes
+them to ``--json``.
 
     .venv/bin/python bench/efficiency_plot.py LABEL=FILE [LABEL=FILE ...] --png OUT.png --json OUT.json
 
@@ -38,6 +42,22 @@ def pairs_of(workload: dict) -> list[tuple[float, float]]:
 
 def _efficiencies(workload: dict) -> list[float]:
     return workload.get("policies", {}).get("bidirl", {}).get("efficiency_per_pair") or []
+
+
+def split_of(workload: dict) -> tuple[list[float], list[float]]:
+    """(bidirl over its own bound, bidirl's work over async's) for every complete pair: as
+    ``bench/real_policies.py`` summarised them, or, for a result written before it did, from
+    its runs (``tokens_per_s`` and ``ideal_tokens_per_s`` of each pair's two runs)."""
+    if "bidirl_own_efficiency_per_pair" in workload:
+        return workload["bidirl_own_efficiency_per_pair"], workload["bidirl_work_over_async_per_pair"]
+    by = {(r.get("pair"), r.get("policy")): r for r in workload.get("runs", [])}
+    own, work = [], []
+    for i in sorted({p for p, _ in by if p is not None}):
+        a, b = by.get((i, "async")), by.get((i, "bidirl"))
+        if a and b:
+            own.append(b["tokens_per_s"] / b["ideal_tokens_per_s"])
+            work.append(a["ideal_tokens_per_s"] / b["ideal_tokens_per_s"])
+    return own, work
 
 
 def load(spec: str) -> tuple[str, list[dict]]:
@@ -77,14 +97,21 @@ def summarise(series: list[tuple[str, list[dict]]]) -> dict:
             ps = pairs_of(w)
             if not ps:
                 continue
-            entry = out.setdefault(w["workload"], {}).setdefault(label, {"ratios": [], "efficiencies": []})
+            entry = out.setdefault(w["workload"], {}).setdefault(
+                label, {"ratios": [], "efficiencies": [], "own_efficiencies": [], "work_over_async": []})
             entry["ratios"] += [r for r, _ in ps]
             entry["efficiencies"] += [e for _, e in ps]
+            own, work = split_of(w)
+            if len(own) == len(ps):  # else a result without its runs: no split for it
+                entry["own_efficiencies"] += own
+                entry["work_over_async"] += work
     for per in out.values():
         for e in per.values():
             e["pairs"] = len(e["ratios"])
             e["median_ratio"] = statistics.median(e["ratios"])
             e["median_efficiency"] = statistics.median(e["efficiencies"])
+            e["median_own_efficiency"] = statistics.median(e["own_efficiencies"]) if e["own_efficiencies"] else None
+            e["median_work_over_async"] = statistics.median(e["work_over_async"]) if e["work_over_async"] else None
     return out
 
 
@@ -93,16 +120,19 @@ def plot(summary: dict, labels: list[str], png: Path) -> None:
     from matplotlib.figure import Figure
 
     names = [w for w in WORKLOADS if w in summary]
-    fig = Figure(figsize=(3.2 * len(names) + 1, 7))
+    rows = (("ratios", "bidirl / async (per pair)"), ("efficiencies", "efficiency vs the pair's bound"),
+            ("own_efficiencies", "... vs its own busy time's bound"),
+            ("work_over_async", "its busy time / async's (same work)"))
+    fig = Figure(figsize=(3.2 * len(names) + 1, 3.4 * len(rows)))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, len(names), squeeze=False)
+    axes = fig.subplots(len(rows), len(names), squeeze=False)
     for j, w in enumerate(names):
-        for row, key, target in ((0, "ratios", RATIO_TARGET.get(w, DEFAULT_RATIO_TARGET)),
-                                 (1, "efficiencies", EFFICIENCY_TARGET)):
+        targets = (RATIO_TARGET.get(w, DEFAULT_RATIO_TARGET), EFFICIENCY_TARGET, EFFICIENCY_TARGET, 1.0)
+        for row, ((key, ylabel), target) in enumerate(zip(rows, targets, strict=True)):
             ax = axes[row][j]
             for i, label in enumerate(labels):
                 e = summary[w].get(label)
-                if e is None:
+                if e is None or not e[key]:
                     continue
                 ys = e[key]
                 ax.scatter([i] * len(ys), ys, s=18, alpha=0.7)
@@ -114,8 +144,9 @@ def plot(summary: dict, labels: list[str], png: Path) -> None:
             if row == 0:
                 ax.set_title(w, fontsize=10)
             if j == 0:
-                ax.set_ylabel("bidirl / async (per pair)" if row == 0 else "efficiency vs the pair's bound")
-    fig.suptitle("bench/real_policies.py: every pair (dots), the median (bar), the target (dashed)")
+                ax.set_ylabel(ylabel, fontsize=9)
+    fig.suptitle("bench/real_policies.py: every pair (dots), the median (bar), the target (dashed; 1.0: no "
+                 "extra work)")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
@@ -131,12 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(loaded)
     if not summary:
         raise SystemExit("efficiency_plot: no complete async/bidirl pair in the files given")
-    print(f"{'workload':<15}{'series':<14}{'pairs':>6}{'ratio':>8}{'eff':>7}")
+    print(f"{'workload':<15}{'series':<14}{'pairs':>6}{'ratio':>8}{'eff':>7}{'own':>7}{'work':>7}"
+          "   (eff = own / work per pair; medians)")
+
+    def f3(x) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
     for w in WORKLOADS:
         for label in labels:
             e = summary.get(w, {}).get(label)
             if e:
-                print(f"{w:<15}{label:<14}{e['pairs']:>6}{e['median_ratio']:>8.3f}{e['median_efficiency']:>7.3f}")
+                print(f"{w:<15}{label:<14}{e['pairs']:>6}{e['median_ratio']:>8.3f}{e['median_efficiency']:>7.3f}"
+                      f"{f3(e['median_own_efficiency']):>7}{f3(e['median_work_over_async']):>7}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(summary, indent=1))
     plot(summary, labels, Path(args.png))

@@ -180,6 +180,11 @@ def summarise(name: str, w: Workload, runs: list[dict]) -> dict:
     by = {p: [r for r in ok if r["policy"] == p] for p in POLICIES}
     ratios, bounds = [], []
     effs: dict[str, list[float]] = {p: [] for p in POLICIES}  # per pair, against the pair's bound
+    # The within-pair efficiency, split in two factors per pair (their quotient, exactly):
+    # bidirl against the bound of its *own* busy device-seconds (bubbles and switches), and
+    # how much more device time its tokens took than async's (async's bound over bidirl's:
+    # on shared cores, work runs slower beside work).
+    own, work = [], []
     for i in sorted({r["pair"] for r in ok}):
         a = next((r for r in by["async"] if r["pair"] == i), None)
         b = next((r for r in by["bidirl"] if r["pair"] == i), None)
@@ -188,6 +193,8 @@ def summarise(name: str, w: Workload, runs: list[dict]) -> dict:
             bounds.append(a["ideal_tokens_per_s"])
             effs["async"].append(a["tokens_per_s"] / a["ideal_tokens_per_s"])
             effs["bidirl"].append(b["tokens_per_s"] / a["ideal_tokens_per_s"])
+            own.append(b["tokens_per_s"] / b["ideal_tokens_per_s"])
+            work.append(a["ideal_tokens_per_s"] / b["ideal_tokens_per_s"])
     ideal = statistics.median(bounds) if bounds else None
     policies = {}
     for p, rs in by.items():
@@ -226,6 +233,10 @@ def summarise(name: str, w: Workload, runs: list[dict]) -> dict:
         "ratio_spread": [min(ratios), max(ratios)] if ratios else None,
         "ideal_tokens_per_s": ideal,
         "bound_over_async": (ideal / a_tps) if ideal and a_tps else None,
+        "bidirl_own_efficiency_per_pair": own,
+        "bidirl_own_efficiency": statistics.median(own) if own else None,
+        "bidirl_work_over_async_per_pair": work,
+        "bidirl_work_over_async": statistics.median(work) if work else None,
         "policies": policies, "failed_runs": [r for r in runs if "error" in r], "runs": ok,
     }
 
@@ -258,6 +269,9 @@ def print_table(results: list[dict]) -> None:
               f"{fmt(res['policies']['bidirl']['reclaim_latency_p99_s'], '.3f')} s against step+C_out "
               f"{fmt(res['policies']['bidirl']['reclaim_bound_p50_s'], '.3f')}/"
               f"{fmt(res['policies']['bidirl']['reclaim_bound_p99_s'], '.3f')} s")
+        print(f"{'':<14}bidirl efficiency within pairs {fmt(res['policies']['bidirl']['efficiency'], '.3f')}: "
+              f"{fmt(res['bidirl_own_efficiency'], '.3f')} of its own busy time's bound, its busy time "
+              f"{fmt(res['bidirl_work_over_async'], '.3f')}x async's for the same work (medians over pairs)")
 
 
 def main() -> int:

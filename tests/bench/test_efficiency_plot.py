@@ -79,3 +79,20 @@ def test_a_missing_file_and_files_without_a_pair_are_refused(tmp_path):
     f = _result(tmp_path / "r.json", "balanced", [])
     with pytest.raises(SystemExit, match="no complete async/bidirl pair"):
         ep.main([str(f), "--png", str(tmp_path / "p.png"), "--json", str(tmp_path / "p.json")])
+
+
+def test_each_pair_splits_into_its_own_bound_and_its_work_over_async(tmp_path):
+    """eff = own / work per pair, from the summarised fields or, in an older result, its runs."""
+    runs = [_run(0, "async", 100.0, 160.0), _run(0, "bidirl", 140.0, 150.0),
+            _run(1, "async", 90.0, 150.0), _run(1, "bidirl", 120.0, 125.0)]
+    new = rp.summarise("shifting", rp.WORKLOADS["shifting"], runs)
+    old = {k: v for k, v in new.items() if not k.startswith("bidirl_")}  # written before the split
+    for name, res in (("new", new), ("old", old)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(res))
+    s = ep.summarise([ep.load(f"{n}={tmp_path / f'{n}.json'}") for n in ("new", "old")])
+    for n in ("new", "old"):
+        e = s["shifting"][n]
+        assert e["own_efficiencies"] == pytest.approx([140 / 150, 120 / 125])
+        assert e["work_over_async"] == pytest.approx([160 / 150, 150 / 125])
+        assert e["efficiencies"] == pytest.approx([o / w for o, w in zip(e["own_efficiencies"],
+                                                                          e["work_over_async"])])

@@ -46,3 +46,28 @@ def test_steps_reaches_every_run_and_the_summary(monkeypatch, tmp_path):
     res = rp.run_workload("balanced", 1, [], tmp_path, steps=24)
     assert seen == [24, 24] and res["steps"] == 24
     assert rp.run_workload("balanced", 1, [], tmp_path)["steps"] == rp.WORKLOADS["balanced"].steps
+
+
+def _run(policy: str, pair: int, tps: float, ideal: float) -> dict:
+    return {"workload": "balanced", "policy": policy, "pair": pair, "tokens_per_s": tps, "ideal_tokens_per_s": ideal,
+            "efficiency": tps / ideal, "sim_predicted_tokens_per_s": None, "stage_model_median_error": {},
+            "reclaim_latency_s": [], "reclaim_bound_s": [], "idle_ratio": {"rollout": 0.1, "train": 0.1},
+            "borrows": {}, "audit_ok": True, "load_average": [1.0, 1.0]}
+
+
+def test_the_within_pair_efficiency_splits_into_own_bound_and_work():
+    """Per pair: bidirl / async's bound = (bidirl / its own bound) / (async's bound / bidirl's)."""
+    runs = [_run("async", 0, 100.0, 160.0), _run("bidirl", 0, 140.0, 150.0),
+            _run("async", 1, 90.0, 150.0), _run("bidirl", 1, 120.0, 125.0)]
+    res = rp.summarise("balanced", rp.WORKLOADS["balanced"], runs)
+    within = res["policies"]["bidirl"]["efficiency_per_pair"]
+    own, work = res["bidirl_own_efficiency_per_pair"], res["bidirl_work_over_async_per_pair"]
+    assert own == pytest.approx([140 / 150, 120 / 125]) and work == pytest.approx([160 / 150, 150 / 125])
+    assert within == pytest.approx([o / w for o, w in zip(own, work)])
+    assert res["bidirl_own_efficiency"] == pytest.approx((140 / 150 + 120 / 125) / 2)
+
+
+def test_a_pair_without_its_bidirl_run_adds_no_factor():
+    runs = [_run("async", 0, 100.0, 160.0), _run("bidirl", 0, 140.0, 150.0), _run("async", 1, 90.0, 150.0)]
+    res = rp.summarise("balanced", rp.WORKLOADS["balanced"], runs)
+    assert len(res["bidirl_own_efficiency_per_pair"]) == 1 and res["pairs"] == 1
