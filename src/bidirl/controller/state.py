@@ -221,8 +221,7 @@ class ClusterState:
         self.pending_sync = ev.version if self.next_step < s.steps else None
 
     def _on_synced(self, ev: WeightsSynced) -> None:
-        if self.phase is Phase.SYNCING:  # else the trainer started its next step during the sync
-            self.phase = Phase.IDLE
+        self.phase = Phase.IDLE
         self.synced = ev.version
         version = self.units.version
         for u in range(self.spec.n_replicas):

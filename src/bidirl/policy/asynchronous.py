@@ -4,8 +4,7 @@ The strong disaggregated baseline (veRL fully_async, AReaL, ROLL async): rollout
 ahead of training up to the staleness bound, group by group; every replica is kept at its
 concurrency cap, new groups go to the least-loaded replica, and a weight update pauses
 replicas instead of draining them (partial rollout).  The trainer steps as soon as its
-batch is complete and pushes new weights right after each step; it does not wait for the
-replicas to load them (:data:`TRAIN_DURING_SYNC`).
+batch is complete and pushes new weights right after each step.
 
 The borrowing policies extend this class through two hooks, ``roll`` (idle trainer units
 host rollout replicas) and ``aux`` (idle rollout replicas host auxiliary trainers), so
@@ -22,14 +21,6 @@ from bidirl.controller.state import ClusterState, Phase
 from bidirl.policy import reproducible
 from bidirl.policy.assign import fill_replicas
 from bidirl.policy.base import Policy, batch_micro_batches, build_step, reclaim_away, register
-
-# The next step starts while the replicas load the last step's weights.  Safe for the
-# weights: the sync takes the primary's snapshot with a call queued on the training device
-# before the next step's micro-batches, and micro-batches do not change the weights (only
-# the step's optimizer update does).  Waiting for the load idled the trainer 60-177 ms a
-# step on the real runtime (BENCHMARKS.md, "The efficiency, split in two").  Reproducible
-# mode keeps the wait: its syncs are held to batch boundaries (``reproducible.sync_allowed``).
-TRAIN_DURING_SYNC = True
 
 
 @register("async")
@@ -52,22 +43,14 @@ class AsyncPolicy(Policy):
     def may_sync(self, s: ClusterState) -> bool:
         return True  # partial rollout: replicas pause for the update, nothing drains
 
-    def trains_during_sync(self, s: ClusterState) -> bool:
-        return TRAIN_DURING_SYNC and not s.spec.reproducible
-
     def train(self, s: ClusterState) -> Iterator[Action]:
-        """Push weights after a step; start the next step when its batch is complete (also
-        while the replicas load the weights, :data:`TRAIN_DURING_SYNC`)."""
-        if s.phase is Phase.TRAINING or s.finished:
-            return
-        if s.phase is Phase.SYNCING and not self.trains_during_sync(s):
+        """Push weights after a step; start the next step when its batch is complete."""
+        if s.phase is not Phase.IDLE or s.finished:
             return
         if s.pending_sync is not None:
-            if not (self.may_sync(s) and reproducible.sync_allowed(s)):  # batch boundaries only, if reproducible
-                return
-            yield SyncWeights(s.pending_sync)
-            if not self.trains_during_sync(s):
-                return
+            if self.may_sync(s) and reproducible.sync_allowed(s):  # batch boundaries only, if reproducible
+                yield SyncWeights(s.pending_sync)
+            return
         if not s.queue.batch_ready(s.next_step):
             return
         if not s.units.trainer_home():

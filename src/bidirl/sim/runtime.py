@@ -68,7 +68,6 @@ class SimRuntime:
         self.synced = 0
         self.trained = TrainedWork()
         self.step: _StepInFlight | None = None
-        self._training = False  # a step is in flight (a sync may end during it)
         self.wall_s: float | None = None
         self.done = env.event()
 
@@ -207,8 +206,7 @@ class SimRuntime:
         for u, eng in self.engines.items():
             eng.version = version
             self.dirty.add(u)
-        if not self._training:  # else the next step started during the sync (the policy's choice)
-            self.rec.set(self.spec.train_devices, self.env.now, IDLE, "train", WAITING)
+        self.rec.set(self.spec.train_devices, self.env.now, IDLE, "train", WAITING)
         self._deliver(WeightsSynced(version, dur))
 
     # -- training -------------------------------------------------------------------
@@ -220,7 +218,6 @@ class SimRuntime:
         now, spec = self.env.now, self.spec
         tl = plan_step(a, now, spec, self.truth, self.ready_at, self.hosting.colocated, self.noise)
         devs = spec.train_devices
-        self._training = True
         self.rec.set(devs, now, BUSY, "train", f"step {a.step}")
         for run in tl.aux:
             d = spec.unit_devices(run.unit)
@@ -321,7 +318,6 @@ class SimRuntime:
         if sync is not None:  # the all-reduce is measured once it is done
             self._deliver(sync)
         self.version = step + 1
-        self._training = False
         self.trained.step_ends.append(self.env.now)
         self.rec.set(self.spec.train_devices, self.env.now, IDLE, "train", WAITING)
         self._deliver(TrainStepFinished(step, step + 1, seconds))
