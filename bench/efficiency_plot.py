@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from real_policies import WORKLOADS as _DEFINED  # bench/: the workloads the series are of
+from real_policies import complete_pairs, efficiency_split
 
 WORKLOADS = tuple(_DEFINED)
 RATIO_TARGET = {"balanced": 1.05}  # every other workload: DEFAULT_RATIO_TARGET
@@ -50,14 +51,7 @@ def split_of(workload: dict) -> tuple[list[float], list[float]]:
     its runs (``tokens_per_s`` and ``ideal_tokens_per_s`` of each pair's two runs)."""
     if "bidirl_own_efficiency_per_pair" in workload:
         return workload["bidirl_own_efficiency_per_pair"], workload["bidirl_work_over_async_per_pair"]
-    by = {(r.get("pair"), r.get("policy")): r for r in workload.get("runs", [])}
-    own, work = [], []
-    for i in sorted({p for p, _ in by if p is not None}):
-        a, b = by.get((i, "async")), by.get((i, "bidirl"))
-        if a and b:
-            own.append(b["tokens_per_s"] / b["ideal_tokens_per_s"])
-            work.append(a["ideal_tokens_per_s"] / b["ideal_tokens_per_s"])
-    return own, work
+    return efficiency_split(complete_pairs(workload.get("runs", [])))
 
 
 def load(spec: str) -> tuple[str, list[dict]]:

@@ -175,26 +175,35 @@ def run_workload(name: str, pairs: int, extra: list[str], tmp: Path, before: lis
     return summarise(name, w, runs)
 
 
+def complete_pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
+    """(async run, bidirl run) of every pair that has both, in pair order (failed runs left out)."""
+    by = {(r["pair"], r["policy"]): r for r in runs if "error" not in r}
+    pairs = sorted({i for i, _ in by})
+    return [(by[i, "async"], by[i, "bidirl"]) for i in pairs if (i, "async") in by and (i, "bidirl") in by]
+
+
+def efficiency_split(pairs: list[tuple[dict, dict]]) -> tuple[list[float], list[float]]:
+    """The within-pair efficiency (bidirl over async's bound) as two factors per pair, their
+    quotient exactly: bidirl against the bound of its *own* busy device-seconds (bubbles and
+    switches), and how much more device time its tokens took than async's (async's bound over
+    bidirl's: on shared cores, work runs slower beside work)."""
+    own = [b["tokens_per_s"] / b["ideal_tokens_per_s"] for _, b in pairs]
+    work = [a["ideal_tokens_per_s"] / b["ideal_tokens_per_s"] for a, b in pairs]
+    return own, work
+
+
 def summarise(name: str, w: Workload, runs: list[dict]) -> dict:
     ok = [r for r in runs if "error" not in r]
     by = {p: [r for r in ok if r["policy"] == p] for p in POLICIES}
     ratios, bounds = [], []
     effs: dict[str, list[float]] = {p: [] for p in POLICIES}  # per pair, against the pair's bound
-    # The within-pair efficiency, split in two factors per pair (their quotient, exactly):
-    # bidirl against the bound of its *own* busy device-seconds (bubbles and switches), and
-    # how much more device time its tokens took than async's (async's bound over bidirl's:
-    # on shared cores, work runs slower beside work).
-    own, work = [], []
-    for i in sorted({r["pair"] for r in ok}):
-        a = next((r for r in by["async"] if r["pair"] == i), None)
-        b = next((r for r in by["bidirl"] if r["pair"] == i), None)
-        if a and b:
-            ratios.append(b["tokens_per_s"] / a["tokens_per_s"])
-            bounds.append(a["ideal_tokens_per_s"])
-            effs["async"].append(a["tokens_per_s"] / a["ideal_tokens_per_s"])
-            effs["bidirl"].append(b["tokens_per_s"] / a["ideal_tokens_per_s"])
-            own.append(b["tokens_per_s"] / b["ideal_tokens_per_s"])
-            work.append(a["ideal_tokens_per_s"] / b["ideal_tokens_per_s"])
+    pairs = complete_pairs(ok)
+    for a, b in pairs:
+        ratios.append(b["tokens_per_s"] / a["tokens_per_s"])
+        bounds.append(a["ideal_tokens_per_s"])
+        effs["async"].append(a["tokens_per_s"] / a["ideal_tokens_per_s"])
+        effs["bidirl"].append(b["tokens_per_s"] / a["ideal_tokens_per_s"])
+    own, work = efficiency_split(pairs)
     ideal = statistics.median(bounds) if bounds else None
     policies = {}
     for p, rs in by.items():
