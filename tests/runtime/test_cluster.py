@@ -67,3 +67,33 @@ def test_private_ray_refuses_a_client_without_its_token(monkeypatch):
         assert hits == "", f"the token is written in {hits}"
     assert {k: os.environ.get(k) for k in AUTH_VARS} == before
     assert not is_token_auth_enabled()
+
+
+def test_ray_started_in_the_background_serves_and_an_error_meanwhile_leaves_nothing():
+    """``ray_session_started``: Ray comes up on a thread while the block goes on, stays up
+    after that thread's ``ray.init`` returned (its processes' parent-death signal is tied to
+    the thread), and an error raised before ``ready()`` shuts it down and removes its dir."""
+    pytest.importorskip("ray")
+    import threading
+
+    from bidirl.runtime.cluster import ray_session_started
+
+    before = set(glob.glob("/tmp/bidirl-ray-*"))
+    with ray_session_started(num_cpus=1) as start:
+        ray = start.ready()
+
+        @ray.remote(num_cpus=0)
+        def one() -> int:
+            return 1
+
+        assert ray.get(one.remote(), timeout=60) == 1
+        assert any(t.name == "bidirl-ray-init" for t in threading.enumerate()), "kept until the session ends"
+    assert not ray.is_initialized() and set(glob.glob("/tmp/bidirl-ray-*")) == before
+    assert not any(t.name == "bidirl-ray-init" for t in threading.enumerate())
+
+    class BadData(Exception):
+        pass
+
+    with pytest.raises(BadData), ray_session_started(num_cpus=1):
+        raise BadData("found while Ray was starting")
+    assert not ray.is_initialized() and set(glob.glob("/tmp/bidirl-ray-*")) == before

@@ -36,6 +36,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 from contextlib import contextmanager
 
 LOCAL_ENV = {
@@ -82,12 +83,82 @@ def private_token():
         _reload_auth()
 
 
+class RayStart:
+    """``ray.init`` running on a thread of its own while the caller goes on.
+
+    A run's driver spends its first seconds loading the tokenizer (transformers imports
+    torch: ~7 s here) and measuring the prompts; Ray's start (~5-6 s: its GCS and raylet
+    processes) overlaps it instead of following it.  ``ready()`` waits for the start and
+    returns ``ray`` (or raises what ``ray.init`` raised).
+
+    The thread lives until :meth:`close`: Ray starts its GCS and raylet with a parent-death
+    signal, which Linux ties to the *thread* that started them, so a thread that ended after
+    ``ray.init`` would take them with it (seen: "Failed to connect to GCS within 60 seconds").
+    """
+
+    def __init__(self, init) -> None:
+        self._error: BaseException | None = None
+        self._started = threading.Event()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(init,), name="bidirl-ray-init", daemon=True)
+        self._thread.start()
+
+    def _run(self, init) -> None:
+        try:
+            init()
+        except BaseException as e:  # handed to ready(), in the caller's thread
+            self._error = e
+        finally:
+            self._started.set()
+        self._closed.wait()  # Ray's processes live as long as this thread (see the class doc)
+
+    def wait(self) -> None:
+        self._started.wait()
+
+    def ready(self):
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        import ray
+
+        return ray
+
+    def close(self) -> None:
+        """After ``ray.shutdown``: let the thread end."""
+        self._closed.set()
+        self._thread.join()
+
+
+class _NotMainThread(logging.Filter):
+    """Ray's warning that ``ray.init`` off the main thread sets no SIGTERM handler: the run
+    installs its own (``runtime/stops.py``) once Ray is up, so the line says nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "current thread is not the main thread" not in record.getMessage()
+
+
 @contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None, log_level: str = "warning"):
     """Yield an initialised Ray; start a private loopback instance unless ``address``.
 
     Workers' output still reaches the driver (``log_to_driver``: a worker's warning or
     traceback is seen); Ray's own logging is at ``log_level`` (``run.worker_log_level``)."""
+    with _session(address, num_cpus, log_level, background=False) as ray:
+        yield ray
+
+
+@contextmanager
+def ray_session_started(address: str | None = None, num_cpus: int | None = None, log_level: str = "warning"):
+    """:func:`ray_session` whose ``ray.init`` runs in the background: yields a :class:`RayStart`.
+
+    On leaving, the start is waited for, then Ray is shut down as ``ray_session`` does, so
+    an error in the caller's block (bad data found while Ray starts) leaves nothing behind."""
+    with _session(address, num_cpus, log_level, background=True) as start:
+        yield start
+
+
+@contextmanager
+def _session(address: str | None, num_cpus: int | None, log_level: str, background: bool):
     for k, v in LOCAL_ENV.items():
         os.environ.setdefault(k, v)
     if address:  # a driver other nodes must reach: Ray's cluster mode, not loopback-only
@@ -95,15 +166,44 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, log_lev
     import ray
 
     if ray.is_initialized():
-        yield ray
+        if not background:
+            yield ray
+            return
+        start = RayStart(lambda: None)
+        try:
+            yield start
+        finally:
+            start.close()
         return
     level = getattr(logging, log_level.upper())
-    if address:
-        ray.init(address=address, log_to_driver=True, logging_level=level)
+    if background:
+        quiet = _NotMainThread()
+        logging.getLogger("ray._private.worker").addFilter(quiet)
+
+    @contextmanager
+    def started(init):
+        if not background:
+            init()
+            try:
+                yield ray
+            finally:
+                ray.shutdown()
+            return
+        start = RayStart(init)
         try:
-            yield ray
+            yield start
         finally:
-            ray.shutdown()
+            start.wait()
+            logging.getLogger("ray._private.worker").removeFilter(quiet)
+            try:
+                if ray.is_initialized():
+                    ray.shutdown()
+            finally:
+                start.close()
+
+    if address:
+        with started(lambda: ray.init(address=address, log_to_driver=True, logging_level=level)) as handle:
+            yield handle
         return
     # Short path: Ray's unix socket names must stay under ~107 characters.  Ray makes its
     # temp dir world-writable (chmod 0777); it goes one level inside ours, which mkdtemp
@@ -111,12 +211,10 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, log_lev
     tmp = tempfile.mkdtemp(prefix="bidirl-ray-", dir="/tmp")
     try:
         with private_token():
-            ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=os.path.join(tmp, "r"),
-                     _node_ip_address="127.0.0.1", log_to_driver=True, configure_logging=False,
-                     logging_level=level)
-            try:
-                yield ray
-            finally:
-                ray.shutdown()
+            with started(lambda: ray.init(num_cpus=num_cpus, include_dashboard=False,
+                                          _temp_dir=os.path.join(tmp, "r"), _node_ip_address="127.0.0.1",
+                                          log_to_driver=True, configure_logging=False,
+                                          logging_level=level)) as handle:
+                yield handle
     finally:  # the private instance's sockets, logs and object spill go with it
         shutil.rmtree(tmp, ignore_errors=True)

@@ -192,15 +192,15 @@ def rendezvous(placement: Placement | None, device: int) -> tuple[str, int]:
     return node.ip, ray.get(probe.remote(node.ip), timeout=120)
 
 
-def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: dict, model_dir: str,
-            trainer_config: dict) -> list[tuple[str, float, int]]:
-    """Bring every role a device may be lent for up once and park it (the warm start).
+def prewarm_hosts(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: dict, model_dir: str,
+                  trainer_config: dict) -> list:
+    """Ask every device to bring up each role it may be lent for: ``[(worker, role, ref)]``.
 
-    Without this the first lend of a device pays a cold engine start (10-20 s for vLLM
-    here) instead of a hot switch (tens of milliseconds).
+    Sent right behind the native roles' ``host`` calls, without waiting for them: a worker
+    runs its calls in order, so a train device starts loading vLLM as soon as its trainer is
+    up, while the rollout devices still load theirs (the cores would otherwise take turns:
+    ~7 s of a 2-core start-up).  :func:`prewarm` waits for them and parks the roles.
     """
-    import ray
-
     from bidirl.policy.base import policy_class
 
     calls = []
@@ -210,6 +210,21 @@ def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: 
             calls.append((w, "rollout", w.host.remote("rollout", **rollout_kwargs)))
         elif d not in spec.train_devices and policy.lends_rollout_devices:
             calls.append((w, "aux_train", w.host.remote("aux_train", model_dir=model_dir, config=trainer_config)))
+    return calls
+
+
+def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: dict, model_dir: str,
+            trainer_config: dict, calls: list | None = None) -> list[tuple[str, float, int]]:
+    """Bring every role a device may be lent for up once and park it (the warm start).
+
+    Without this the first lend of a device pays a cold engine start (10-20 s for vLLM
+    here) instead of a hot switch (tens of milliseconds).  ``calls``: the hosts
+    :func:`prewarm_hosts` already sent (else they are sent now).
+    """
+    import ray
+
+    if calls is None:
+        calls = prewarm_hosts(cfg, spec, workers, rollout_kwargs, model_dir, trainer_config)
     ray.get([c for _, _, c in calls])
     if cfg.cluster.warm_up_trainers:  # parked with its memory: the first lend's micro-batch is not cold
         ray.get([w.call.remote("aux_train", "warm_up", *warm_up_shape(cfg, spec))
@@ -333,13 +348,14 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
                                        checkpoint=str(trainer_ckpt) if trainer_ckpt else None))
         else:
             calls.append(w.host.remote("rollout", **rollout_kwargs))
+    lends = prewarm_hosts(cfg, spec, workers, rollout_kwargs, model_dir, trainer_config) if cfg.cluster.prewarm else []
     ray.get(calls)
     warm = []
-    if cfg.cluster.warm_up_trainers:  # runs while prewarm's calls queue behind it on the train devices
+    if cfg.cluster.warm_up_trainers:  # runs while the lent roles come up on the other devices
         warm = [(d, workers[d].call.remote("train", "warm_up", *warm_up_shape(cfg, spec))) for d in train_devices]
     switch_measurements = []
     if cfg.cluster.prewarm:
-        switch_measurements = prewarm(cfg, spec, workers, rollout_kwargs, model_dir, trainer_config)
+        switch_measurements = prewarm(cfg, spec, workers, rollout_kwargs, model_dir, trainer_config, lends)
         if trainer_ckpt is None:  # a resumed run loads the checkpoint's weights below
             switch_measurements += prewarm_weight_sync(spec, workers)
     switch_measurements += [(WARM_UP, ray.get(ref), d) for d, ref in warm]

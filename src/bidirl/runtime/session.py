@@ -140,7 +140,7 @@ class TrainSession:
     def run(self) -> dict:
         from bidirl.algo.data import PromptCursor
         from bidirl.algo.tiny_model import encode_prompt, load_tokenizer
-        from bidirl.runtime.cluster import ray_session
+        from bidirl.runtime.cluster import ray_session_started
         from bidirl.runtime.group_store import GroupStore
         from bidirl.runtime.placement import check_machine_fits
         from bidirl.runtime.train import (
@@ -163,46 +163,50 @@ class TrainSession:
         rows, reward_fn = prepare_data(cfg)  # bad data fails before any slow set-up
         val_rows = prepare_val_rows(cfg)
         model_dir = prepare_model(cfg)
-        tok = load_tokenizer(model_dir)
-        rows, self.prompt_lengths = fit_prompts(cfg, rows, tok, model_dir, val_rows)  # before Ray and any worker
-        self.val_set = None
-        if self.prompt_lengths.val_rows:
-            from bidirl.runtime.validation import ValSet
+        # Ray starts while the tokenizer loads and the prompts are measured (RayStart); the
+        # device workers start only once the data has passed (fit_prompts), as before.
+        with ray_session_started(cfg.cluster.ray_address,
+                                 num_cpus=cfg.cluster.rollout_devices + cfg.cluster.train_devices,
+                                 log_level=cfg.run.worker_log_level) as ray_start:
+            tok = load_tokenizer(model_dir)
+            rows, self.prompt_lengths = fit_prompts(cfg, rows, tok, model_dir, val_rows)  # before any worker
+            self.val_set = None
+            if self.prompt_lengths.val_rows:
+                from bidirl.runtime.validation import ValSet
 
-            kept = list(self.prompt_lengths.val_rows)
-            self.val_set = ValSet(kept, [encode_prompt(tok, r.messages) for r in kept], cfg.rollout.max_new_tokens,
-                                  cfg.rollout.val_temperature, cfg.run.seed)
-        cursor = PromptCursor(rows, seed=cfg.data.seed)
-        store = GroupStore(cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
-                           cfg.run.seed, cap_for=response_cap(cfg), reproducible=cfg.scheduler.reproducible)
-        if state is not None:
-            cursor.load_state_dict(state["cursor"])
-            store.load_state_dict(state["store"])
-            print(f"[bidirl] resuming from {ckpt} at step {self.start_step} "
-                  f"({len(store.groups)} buffered or in-flight groups)", file=sys.stderr)
-        elif self.resume:
-            print("[bidirl] no complete checkpoint yet: starting from step 0", file=sys.stderr)
-        self.boundary = self.start_step
-        remaining = cfg.run.steps - self.start_step
-        prompt_ids = {}
+                kept = list(self.prompt_lengths.val_rows)
+                self.val_set = ValSet(kept, [encode_prompt(tok, r.messages) for r in kept],
+                                      cfg.rollout.max_new_tokens, cfg.rollout.val_temperature, cfg.run.seed)
+            cursor = PromptCursor(rows, seed=cfg.data.seed)
+            store = GroupStore(cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
+                               cfg.run.seed, cap_for=response_cap(cfg), reproducible=cfg.scheduler.reproducible)
+            if state is not None:
+                cursor.load_state_dict(state["cursor"])
+                store.load_state_dict(state["store"])
+                print(f"[bidirl] resuming from {ckpt} at step {self.start_step} "
+                      f"({len(store.groups)} buffered or in-flight groups)", file=sys.stderr)
+            elif self.resume:
+                print("[bidirl] no complete checkpoint yet: starting from step 0", file=sys.stderr)
+            self.boundary = self.start_step
+            remaining = cfg.run.steps - self.start_step
+            prompt_ids = {}
 
-        def new_group(gid: int) -> None:
-            item = cursor.next()
-            key = item.index
-            if key not in prompt_ids:
-                prompt_ids[key] = encode_prompt(tok, item.row.messages)
-            store.add(gid, item.uid, prompt_ids[key], item.row.data_source, item.row.ground_truth,
-                      item.row.extra_info)
+            def new_group(gid: int) -> None:
+                item = cursor.next()
+                key = item.index
+                if key not in prompt_ids:
+                    prompt_ids[key] = encode_prompt(tok, item.row.messages)
+                store.add(gid, item.uid, prompt_ids[key], item.row.data_source, item.row.ground_truth,
+                          item.row.extra_info)
 
-        def decode(ids):
-            return tok.decode(ids, skip_special_tokens=True)
+            def decode(ids):
+                return tok.decode(ids, skip_special_tokens=True)
 
-        self._decode_prompt = lambda ids: tok.decode(ids, skip_special_tokens=False)
+            self._decode_prompt = lambda ids: tok.decode(ids, skip_special_tokens=False)
 
-        self._cursor, self._store = cursor, store
-        with ray_session(cfg.cluster.ray_address, num_cpus=cfg.cluster.rollout_devices + cfg.cluster.train_devices,
-                         log_level=cfg.run.worker_log_level):
-            self.stop.install()  # after ray.init, which sets its own SIGTERM handler
+            self._cursor, self._store = cursor, store
+            ray_start.ready()
+            self.stop.install()  # after ray.init, which (on the main thread) sets its own SIGTERM handler
             try:
                 return self._run_cluster(model_dir, ckpt, remaining, store, new_group, reward_fn, decode)
             finally:

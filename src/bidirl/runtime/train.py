@@ -1,8 +1,8 @@
 """``bidirl train``: a real GRPO run, driven by the same controller as the simulator.
 
 The run, in order: resolve and validate the config -> load the prompts -> build (or take)
-the model -> measure every prompt with its tokenizer (``fit_prompts``) -> start Ray on
-loopback -> one device worker per device, each hosting its pool's role -> controller +
+the model -> measure every prompt with its tokenizer (``fit_prompts``), while Ray starts on
+loopback beside it -> one device worker per device, each hosting its pool's role -> controller +
 policy + DeviceExecutor -> run until the last step -> write the trace, the timeline, the
 final metrics and a checkpoint.  Everything lands in the run directory (``runs/<time>`` by default)::
 
@@ -245,8 +245,8 @@ def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None 
     ``data.filter_overlong_prompts`` is set, else it is a ``DataError`` naming the first such
     row, its length and the limit.  vLLM's ``max_model_len`` is the longest kept prompt +
     ``rollout.max_new_tokens`` (a resumed response's prompt + prefix stays below it), and must
-    fit the model's context.  Called before Ray or any worker starts, so a bad combination
-    fails in seconds.
+    fit the model's context.  Called before any device worker starts (Ray starts meanwhile),
+    so a bad combination fails in seconds.
     """
     from bidirl.algo.data import DataError
 
