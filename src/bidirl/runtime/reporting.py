@@ -100,9 +100,13 @@ class StepReporter:
             "staleness/mean": statistics.mean(rec.staleness),
             "staleness/max": max(rec.staleness),
             "borrow/aux_chunks": sum(1 for ex, _ in rec.chunks if ex != "primary"),
-            "stage_model/decode_median_error": est.rollout.decode.median_rel_error(),
-            "stage_model/train_median_error": est.train.micro.median_rel_error(),
         }
+        # A stage model's error exists once one of its predictions has been scored; before
+        # that the key is left out (None would be logged as a skipped metric on every run).
+        for name, model in (("decode", est.rollout.decode), ("train", est.train.micro)):
+            error = model.median_rel_error()
+            if error is not None:
+                m[f"stage_model/{name}_median_error"] = error
         for k, name in (("loss", "loss"), ("pg_loss", "pg_loss"), ("clip_frac", "pg_clipfrac"),
                         ("kl_ref", "kl_loss"), ("kl_behaviour", "kl_behaviour"), ("entropy", "entropy"),
                         ("lr", "lr"), ("grad_norm", "grad_norm"), ("skipped_steps", "skipped_steps")):
