@@ -159,6 +159,9 @@ def test_untied_llama_trains(tmp_path, llama_dir, data, real_runtime_available):
     assert out.returncode == 0, out.stderr[-3000:]
     mean, longest = _prompt_lengths(out.stderr)
     assert 150 <= mean and longest <= 300, (mean, longest)
+    # vLLM's context is the longest prompt + max_new_tokens (SMALL's 8); before prompts were
+    # measured it was capped at 2 * 4 + max_new_tokens + 64 and such rows failed after the start-up
+    assert f"vLLM max_model_len {longest + 8}" in out.stderr, out.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["audit_ok"]
     final = AutoModelForCausalLM.from_pretrained(str(run / "model"))
     base = AutoModelForCausalLM.from_pretrained(str(llama_dir))

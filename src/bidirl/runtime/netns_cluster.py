@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bidirl.runtime.cluster import NO_IDLE_WORKERS
+
 RAY_PORT = 6380
 DEVICE_RESOURCE = "bidirl_devices"
 
@@ -145,7 +147,8 @@ class NetnsCluster:
         cmd = [self.ray_bin, "start", "--block", "--node-ip-address", self.ip_of(k), "--num-cpus", str(self.cpus),
                "--resources", res, "--temp-dir", str(self.tmp / f"n{k}"), "--disable-usage-stats"]
         if k == 0:
-            cmd += ["--head", "--port", str(RAY_PORT), "--include-dashboard", "false"]
+            cmd += ["--head", "--port", str(RAY_PORT), "--include-dashboard", "false",
+                    "--system-config", json.dumps(NO_IDLE_WORKERS)]  # as a local run (runtime/cluster.py)
         else:
             cmd += ["--address", self.address]
         log = open(self.tmp / f"node{k}.log", "w")
