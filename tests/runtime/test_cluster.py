@@ -11,18 +11,30 @@ import pytest
 pytestmark = [pytest.mark.ray]
 
 
-def test_private_ray_removes_its_temp_dir():
+def test_private_ray_removes_its_temp_dir_and_kills_what_outlives_it():
+    """The instance's dir goes; so does a Ray process of it that outlived ``ray.shutdown`` (a
+    stand-in: ``ray::Leftover`` with the instance's token), not a process that is not Ray's."""
     pytest.importorskip("ray")
     from bidirl.runtime.cluster import ray_session
 
     before = set(glob.glob("/tmp/bidirl-ray-*"))
     with ray_session(num_cpus=1) as ray:
         assert ray.is_initialized()
+        # both inherit this process's environment, the instance's token with it
+        leftover = subprocess.Popen(["bash", "-c", "exec -a ray::Leftover sleep 300"])
+        bystander = subprocess.Popen(["sleep", "300"])
         # ours is the new one Ray's temp dir is in (another run's may come and go meanwhile)
         temp_dir = ray._private.worker._global_node.get_temp_dir_path()
         (mine,) = [d for d in set(glob.glob("/tmp/bidirl-ray-*")) - before if temp_dir.startswith(d + "/")]
         assert stat.S_IMODE(os.stat(mine).st_mode) == 0o700, "only this user may enter it"
     assert not os.path.exists(mine)
+    try:
+        assert leftover.wait(timeout=10) == -9, "killed with the instance"
+        assert bystander.poll() is None, "not Ray's: left alone"
+    finally:
+        for p in (leftover, bystander):
+            p.kill()
+            p.wait()
 
 
 def test_private_ray_refuses_a_client_without_its_token(monkeypatch):

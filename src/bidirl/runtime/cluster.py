@@ -35,6 +35,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -70,16 +71,59 @@ def _reload_auth() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
+RAY_PROCESS_NAMES = ("ray::", "ray/_private/workers/default_worker.py", "ray/core/src/ray/")
+"""How a Ray process's command line starts or reads: a worker after and before it names
+itself (``ray::DeviceWorker``, ``default_worker.py``), or Ray's own binaries."""
+
+
+def kill_leftovers(token: str) -> list[int]:
+    """SIGKILL every Ray process of this machine still holding ``token`` in its environment.
+
+    ``ray.shutdown`` stops the GCS and the raylet but does not wait for the workers: one still
+    starting (a device worker restarted after a fault, in the middle of importing vLLM) lives
+    on for tens of seconds, takes a core, and re-creates the instance's temp directory when it
+    writes its log (seen in the test suite, 40 s after its run).  The private instance's token
+    is in every process it started and in no other Ray's (a fresh one per instance), so it
+    names them; a process that is not Ray's (whatever its environment) is never touched.
+    Linux only (``/proc``); elsewhere nothing is done.
+    """
+    needle = f"RAY_AUTH_TOKEN={token}".encode()
+    killed = []
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit() and int(e.name) != os.getpid()]
+    except OSError:
+        return killed
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in env and any(name in cmd for name in RAY_PROCESS_NAMES):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+            except OSError:
+                pass
+    return killed
+
+
 @contextmanager
 def private_token():
-    """A fresh token and token mode in ``os.environ`` for the duration; then as before."""
+    """A fresh token and token mode in ``os.environ`` for the duration; then as before.
+
+    On the way out, any Ray process still holding the token is killed (:func:`kill_leftovers`)."""
     saved = {k: os.environ.get(k) for k in AUTH_VARS}
     os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
-    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    token = secrets.token_hex(32)
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     _reload_auth()
     try:
         yield
     finally:
+        kill_leftovers(token)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -201,8 +245,8 @@ def _session(address: str | None, num_cpus: int | None, log_level: str, backgrou
             start.wait()
             logging.getLogger("ray._private.worker").removeFilter(quiet)
             try:
-                if ray.is_initialized():
-                    ray.shutdown()
+                if ray.is_initialized():  # Ray's processes end before the thread they are tied to
+                    ray.shutdown(wait_for_processes=True)
             finally:
                 start.close()
 
