@@ -173,7 +173,9 @@ class RayStart:
         return ray
 
     def close(self) -> None:
-        """After ``ray.shutdown``: let the thread end."""
+        """After ``ray.shutdown(wait_for_processes=True)``: let the thread end.  Ended while
+        Ray's processes were still stopping, its parent-death signal SIGKILLed the raylet
+        mid-stop, and a worker it had not stopped yet lived on (and re-created the temp dir)."""
         self._closed.set()
         self._thread.join()
 
