@@ -209,6 +209,39 @@ def ray_session_started(address: str | None = None, num_cpus: int | None = None,
 
 
 @contextmanager
+def _in_foreground(init):
+    """``init()`` now; Ray shut down on leaving."""
+    import ray
+
+    init()
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@contextmanager
+def _in_background(init):
+    """``init()`` on a :class:`RayStart` thread; on leaving, the start is waited for and Ray's
+    processes end (``wait_for_processes``) before the thread they are tied to does."""
+    import ray
+
+    quiet, logger = _NotMainThread(), logging.getLogger("ray._private.worker")
+    logger.addFilter(quiet)
+    start = RayStart(init)
+    try:
+        yield start
+    finally:
+        start.wait()
+        logger.removeFilter(quiet)
+        try:
+            if ray.is_initialized():
+                ray.shutdown(wait_for_processes=True)
+        finally:
+            start.close()
+
+
+@contextmanager
 def _session(address: str | None, num_cpus: int | None, log_level: str, background: bool):
     for k, v in LOCAL_ENV.items():
         os.environ.setdefault(k, v)
@@ -216,7 +249,7 @@ def _session(address: str | None, num_cpus: int | None, log_level: str, backgrou
         os.environ[CLUSTER_MODE_VAR] = "1"
     import ray
 
-    if ray.is_initialized():
+    if ray.is_initialized():  # a Ray this process already runs: used as it is, never shut down here
         if not background:
             yield ray
             return
@@ -226,32 +259,8 @@ def _session(address: str | None, num_cpus: int | None, log_level: str, backgrou
         finally:
             start.close()
         return
+    started = _in_background if background else _in_foreground
     level = getattr(logging, log_level.upper())
-    if background:
-        quiet = _NotMainThread()
-        logging.getLogger("ray._private.worker").addFilter(quiet)
-
-    @contextmanager
-    def started(init):
-        if not background:
-            init()
-            try:
-                yield ray
-            finally:
-                ray.shutdown()
-            return
-        start = RayStart(init)
-        try:
-            yield start
-        finally:
-            start.wait()
-            logging.getLogger("ray._private.worker").removeFilter(quiet)
-            try:
-                if ray.is_initialized():  # Ray's processes end before the thread they are tied to
-                    ray.shutdown(wait_for_processes=True)
-            finally:
-                start.close()
-
     if address:
         with started(lambda: ray.init(address=address, log_to_driver=True, logging_level=level)) as handle:
             yield handle

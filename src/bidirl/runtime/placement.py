@@ -214,17 +214,15 @@ def prewarm_hosts(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kw
 
 
 def prewarm(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: dict, model_dir: str,
-            trainer_config: dict, calls: list | None = None) -> list[tuple[str, float, int]]:
+            trainer_config: dict, calls: list) -> list[tuple[str, float, int]]:
     """Bring every role a device may be lent for up once and park it (the warm start).
 
     Without this the first lend of a device pays a cold engine start (10-20 s for vLLM
     here) instead of a hot switch (tens of milliseconds).  ``calls``: the hosts
-    :func:`prewarm_hosts` already sent (else they are sent now).
+    :func:`prewarm_hosts` sent.
     """
     import ray
 
-    if calls is None:
-        calls = prewarm_hosts(cfg, spec, workers, rollout_kwargs, model_dir, trainer_config)
     ray.get([c for _, _, c in calls])
     if cfg.cluster.warm_up_trainers:  # parked with its memory: the first lend's micro-batch is not cold
         ray.get([w.call.remote("aux_train", "warm_up", *warm_up_shape(cfg, spec))

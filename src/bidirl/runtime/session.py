@@ -206,7 +206,7 @@ class TrainSession:
 
             self._cursor, self._store = cursor, store
             ray_start.ready()
-            self.stop.install()  # after ray.init, which (on the main thread) sets its own SIGTERM handler
+            self.stop.install()  # once Ray is up, as before (ray.init on the main thread sets its own handler)
             try:
                 return self._run_cluster(model_dir, ckpt, remaining, store, new_group, reward_fn, decode)
             finally:
