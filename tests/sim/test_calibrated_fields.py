@@ -2,6 +2,7 @@
 replica cap, re-prefill after a weight update, a per-step overhead, empirical lengths."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,55 @@ def test_prefill_per_response_is_one_burst_of_every_responses_prompt(monkeypatch
     assert first[1] % 48 == 0 and first[2] == pytest.approx(0.01 + 2e-4 * first[1])  # whole groups of 4
     assert sum(t for _, t, _ in bursts) == 4 * sum(t for _, t, _ in seen)  # group_size x the shared prompts
     assert slow.wall_s > fast.wall_s
+
+
+RUN = Path(__file__).parent / "data" / "rollout_heavy_bidirl_run.yaml"
+RUN_MEASURED_TOKENS_PER_S = 710.8  # the real run's own figure (the file's header)
+
+
+def _first_start(result, device: int, pred) -> float:
+    return min(iv.start_s for iv in result.intervals if iv.device == device and pred(iv))
+
+
+def test_a_prewarmed_run_is_replayed_with_its_scheduler_starting_from_the_measured_costs():
+    """A real rollout-heavy run lent its idle trainer at t = 0.01 s: its pre-warm had measured
+    C_in at 0.04 s.  The simulated scheduler, started from the roofline prior (0.23 s), turned
+    that lend down and left the trainer idle until step 0 (sim/real 0.93); started from the
+    scenario's measured costs, as the run was, it lends at the start too."""
+    sc = load(str(RUN))
+    assert sc.calibration.prewarmed
+    on = simulate(sc, "bidirl")
+    off = simulate(sc.replace(calibration=dataclasses.replace(sc.calibration, prewarmed=False)), "bidirl")
+    train = sc.pools.rollout_devices  # the training device's id
+    for r in (on, off):
+        assert r.groups_lost == 0 and r.staleness["max"] <= sc.staleness
+    step0 = _first_start(on, train, lambda iv: iv.activity.value == "busy" and not iv.borrowed)
+    assert _first_start(on, train, lambda iv: iv.borrowed) < step0  # lent before step 0
+    assert _first_start(off, train, lambda iv: iv.borrowed) > _first_start(
+        off, train, lambda iv: iv.activity.value == "busy" and not iv.borrowed)
+    assert on.throughput_tokens_per_s > off.throughput_tokens_per_s
+    assert abs(on.throughput_tokens_per_s / RUN_MEASURED_TOKENS_PER_S - 1) <= 0.10
+
+
+@pytest.mark.parametrize("policy, kinds", [
+    ("async", set()), ("roll-borrow", {"roll_on_train"}), ("train-borrow", {"train_on_roll"}),
+    ("bidirl", {"roll_on_train", "train_on_roll"})])
+def test_the_simulated_prewarm_measures_what_the_real_one_does_for_each_policy(monkeypatch, policy, kinds):
+    """As ``runtime/placement.py:prewarm``: a hot C_in and C_out of each unit the policy may
+    lend, at the scenario's costs, and one weight load; nothing without ``prewarmed``."""
+    from bidirl.controller.estimates import Estimates
+
+    seen = []
+    monkeypatch.setattr(Estimates, "learn_start_up", lambda self, sw, loads=(): seen.append((list(sw), list(loads))))
+    sc = load(str(RUN))
+    simulate(sc, policy, record_intervals=False)
+    (switches, loads), = seen
+    assert {k.split(".")[0] for k, _, _ in switches} == kinds
+    for kind, unit, seconds in switches:
+        assert seconds == getattr(sc.costs, kind.replace(".", "_") + "_s")
+        assert (unit < sc.pools.rollout_devices) == kind.startswith("train_on_roll")
+    assert len(switches) == 2 * len(kinds) and loads == [sc.costs.weight_sync_s]
+    seen.clear()
+    simulate(sc.replace(calibration=dataclasses.replace(sc.calibration, prewarmed=False)), policy,
+             record_intervals=False)
+    assert seen == []

@@ -155,6 +155,26 @@ class Estimates:
         else:
             self.switch.observe(stage, seconds)
 
+    def learn_start_up(self, switches, weight_loads=()) -> None:
+        """What a run measured before its loop, learned before the first decision.
+
+        The real runtime's pre-warm (``runtime/placement.py:prewarm``) times one hot round
+        trip of every role a device may be lent for, ``(kind, unit, seconds)`` with ``kind``
+        e.g. ``roll_on_train.c_in``, and one weight load on the replicas.  The scheduler
+        starts from those instead of the roofline priors (a C_in prior of 0.23 s against
+        0.04 s measured turned down the lend of the idle trainer at the start of a run);
+        the simulator replays the same for a run it was calibrated on
+        (``calibration.prewarmed``).  The weight load is learned, not scored: no
+        prediction was used for it.
+        """
+        for kind, unit, seconds in switches:
+            if kind.endswith(".c_in"):  # per node pair: where the weights come from
+                self.observe_switch(kind, unit, seconds)
+            else:
+                self.observe(kind, (), seconds)
+        for seconds in weight_loads:
+            self.models["weight_sync"].observe((1.0,), seconds, scored=False)
+
     # -- rollout --------------------------------------------------------------------
     def tail_s(self, batch: float) -> float:
         """Predicted time from a batch's last group start to its completion.

@@ -178,6 +178,10 @@ class Calibration:
         "(bidirl's runtime: vLLM prefix caching off); false: one prefill per group, its responses sharing it")
     startup_s: float = option(0.0, "seconds from the run's start to its first engine step (driver and engine "
                               "start-up); every device idles meanwhile", ge=0)
+    prewarmed: bool = option(
+        False, "the run timed a hot switch of every role its devices may be lent for, and a weight load, before "
+        "its loop (cluster.prewarm), and its scheduler started from those: the simulated scheduler starts from "
+        "this scenario's costs the same way; false: from the roofline priors")
 
 
 CALIBRATED_LENGTHS = {"decode": 3, "prefill": 2, "train_micro": 3, "aux_micro": 3}

@@ -254,11 +254,7 @@ class TrainSession:
         unit_of = {unit_device(u): u for u in range(spec.n_units)}
         sync_warm = [s for kind, s, _ in switch_measurements if kind == PREWARM_SYNC]
         switch_measurements = [m for m in switch_measurements if m[0] not in (PREWARM_SYNC, WARM_UP)]
-        for kind, seconds, device in switch_measurements:  # C_in per node pair (weights -> device)
-            if kind.endswith(".c_in"):
-                controller.state.est.observe_switch(kind, unit_of[device], seconds)
-            else:
-                controller.state.est.observe(kind, (), seconds)
+        controller.state.est.learn_start_up([(k, unit_of[d], s) for k, s, d in switch_measurements], sync_warm)
         backend = RayBackend(workers, new_worker)
         if self.wrap_backend is not None:
             backend = self.wrap_backend(backend, spec)
@@ -267,12 +263,9 @@ class TrainSession:
                   group_offset=self.start_step * cfg.rollout.prompts_per_step, version_offset=self.start_step)
         rt = DeviceExecutor(controller, backend, job, Layout(unit_device, train_devices))
         rt.switches.extend((f"prewarm.{k}", v) for k, v, _ in switch_measurements)
-        # A weight load timed on the replicas at start-up is the sync model's first measurement,
-        # kept in the profile; no prediction was used for it, so it is learned but not scored.
-        for seconds in sync_warm:
-            m = StageMeasured("weight_sync", (1.0,), seconds)
-            controller.state.est.models[m.stage].observe(m.features, m.seconds, scored=False)
-            rt.profile.append((0.0, m))
+        # The weight load timed on the replicas at start-up (learned above, unscored) is kept
+        # in the profile: the sync model's first measurement.
+        rt.profile.extend((0.0, StageMeasured("weight_sync", (1.0,), s)) for s in sync_warm)
         controller.bind(rt)
         from bidirl.runtime.reporting import StepReporter
 

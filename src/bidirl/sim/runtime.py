@@ -30,7 +30,7 @@ from bidirl.controller.events import (
     TrainStepFinished,
     WeightsSynced,
 )
-from bidirl.core.ledger import Role
+from bidirl.core.ledger import Role, switch_kind
 from bidirl.frame.device_time import BUSY, IDLE, SWITCHING, Recorder
 from bidirl.frame.hosting import HOME, LENT, Hosting
 from bidirl.frame.pump import EventPump
@@ -80,11 +80,26 @@ class SimRuntime:
             _EXECUTORS[type(action)](self, action)
 
     def start(self) -> None:
+        if self.truth.prewarmed:
+            self._prewarm()
         if self.truth.startup_s > 0:  # a real run's start-up (calibration.startup_s)
             self._at(self.truth.startup_s, self._begin)
         else:
             self._begin()
             self._pump()
+
+    def _prewarm(self) -> None:
+        """What a real run's pre-warm measures before its loop, learned by the scheduler as
+        there (``Estimates.learn_start_up``): a hot round trip of every unit the policy may
+        lend (C_in, C_out at this scenario's costs) and one weight load."""
+        policy, n_rep = self.controller.policy, self.spec.n_replicas
+        lendable = [u for u in range(self.spec.n_units)
+                    if (policy.lends_rollout_devices if u < n_rep else policy.lends_train_devices)]
+        switches = []
+        for u in lendable:
+            kind = switch_kind(Role.AUX_TRAIN if u < n_rep else Role.ROLLOUT)
+            switches += [(f"{kind}.{c}", u, self.truth.switch[f"{kind}.{c}"]) for c in ("c_in", "c_out")]
+        self.controller.state.est.learn_start_up(switches, [self.truth.weight_sync_s])
 
     def _begin(self) -> None:
         self.dirty.update(range(self.spec.n_replicas))

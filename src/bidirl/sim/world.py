@@ -37,6 +37,7 @@ class Truth:
     reprefill_on_sync: bool = False  # a weight update re-prefills the running responses
     prefill_per_response: bool = False  # no prefix caching: a burst per assignment, a prompt per response
     startup_s: float = 0.0  # nothing happens before (a real run's start-up)
+    prewarmed: bool = False  # the scheduler starts from the measured switch costs (a real run's pre-warm)
 
 
 def build(sc: Scenario, allow_oversubscribe: bool = False) -> tuple[ClusterSpec, Truth, ResponseLengths]:
@@ -101,5 +102,5 @@ def _truth(sc: Scenario, hw, m) -> Truth:
         noise_cv=sc.sim.timing_noise_cv,
         step_overhead_s=train.optimizer_s() if overhead is None else overhead,
         reprefill_on_sync=cal.reprefill_on_sync, startup_s=cal.startup_s,
-        prefill_per_response=cal.prefill_per_response,
+        prefill_per_response=cal.prefill_per_response, prewarmed=cal.prewarmed,
     )
