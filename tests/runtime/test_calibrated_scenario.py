@@ -13,6 +13,7 @@ import pytest
 from fake_run import run_fake
 from test_executor_fake import WORKLOADS
 
+from bidirl.controller.events import StageMeasured
 from bidirl.policy import policy_names
 from bidirl.runtime import calibrated_scenario
 from bidirl.runtime.rollout_driver import DECODE_REMAINDER
@@ -46,6 +47,23 @@ def test_the_scenario_loads_and_simulates_every_policy(tmp_path):
     for policy in policy_names():
         r = simulate(sc, policy, record_intervals=False)
         assert r.groups_lost == 0 and r.extra["ledger_ok"]
+    assert not cal.prewarmed  # fake devices time nothing before the loop
+
+
+def test_a_run_that_prewarmed_says_so(tmp_path):
+    """``bidirl train`` times each lent role's hot switch before its loop (``prewarm.*``
+    switches) and a weight load (a ``weight_sync`` measurement at t = 0): its scenario has
+    ``calibration.prewarmed``, and the simulator starts the scheduler from those costs too."""
+    run = run_fake("bidirl", **WORKLOADS["train-heavy"])
+    cfg = SimpleNamespace(scheduler=SimpleNamespace(policy="bidirl"), run=SimpleNamespace(seed=0))
+    run.executor.switches.append(("prewarm.roll_on_train.c_in", 0.04))
+    (tmp_path / "lends").mkdir()
+    (tmp_path / "load").mkdir()
+    assert load(calibrated_scenario.write(tmp_path / "lends", cfg, run.executor, run.intervals)).calibration.prewarmed
+    run = run_fake("async", **WORKLOADS["train-heavy"])
+    cfg = SimpleNamespace(scheduler=SimpleNamespace(policy="async"), run=SimpleNamespace(seed=0))
+    run.executor.profile.insert(0, (0.0, StageMeasured("weight_sync", (1.0,), 0.05)))
+    assert load(calibrated_scenario.write(tmp_path / "load", cfg, run.executor, run.intervals)).calibration.prewarmed
 
 
 def test_the_decoding_after_each_replicas_last_sum_is_profiled_and_fitted(tmp_path):

@@ -190,7 +190,9 @@ def scenario_dict(f: RunFacts) -> dict:
     busy = f.rollout_busy_s / rollout_measured if f.rollout_busy_s and rollout_measured > 0 else None
     cal["train_step_overhead_s"] = _step_overhead(recs, f.train_devices)
     cal["startup_s"] = _startup(recs)
-    cal["prewarmed"] = any(kind.startswith("prewarm.") for kind, _ in f.switches)
+    # Pre-warmed: lends timed before the loop, or (a policy that lends nothing) the weight load
+    cal["prewarmed"] = any(kind.startswith("prewarm.") for kind, _ in f.switches) or any(
+        r["event"] == "StageMeasured" and r["stage"] == "weight_sync" for r in recs)
     syncs = [r["seconds"] for r in recs if r["event"] == "WeightsSynced" and r["seconds"] > 0]
     measured = {k: [s for kind, s in f.switches if kind == k] for k in SWITCHES}
     warm = {k: [s for kind, s in f.switches if kind == f"prewarm.{k}"] for k in SWITCHES}
