@@ -6,8 +6,9 @@ shared and noisy, so what counts is the ratio within a pair.  For every run it p
 and records trained tokens/s, the ideal packing bound (the same busy device-seconds
 packed on all devices with no bubble and no switch cost, measured on the pair's
 ``async`` run), efficiency = measured / bound, idle per pool, borrows, stage-model
-median errors, reclaim latency against one decode step + C_out, the ledger audit, and
-the simulator's prediction from the run's own calibrated scenario
+median errors, reclaim latency against one decode step + C_out, the ledger audit, the
+share of CPU time the host stole (``steal``: a virtual machine's other tenants), and the
+simulator's prediction from the run's own calibrated scenario
 (``RUN_DIR/scenario.yaml``, when the run wrote one).
 
     .venv/bin/python bench/real_policies.py --workload rollout-heavy --pairs 5 --json OUT.json
@@ -123,15 +124,42 @@ def pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+def cpu_jiffies(stat: str | None = None) -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from ``/proc/stat``'s first line (``stat``: its
+    text, for tests), or None where there is none (not Linux).
+
+    On a virtual machine, *steal* is time the hypervisor gave this VM's CPUs to someone
+    else: the run's threads were ready and did not run.  It is the share of a run's figures
+    that belongs to the host's other tenants, which the load average does not show."""
+    if stat is None:
+        try:
+            stat = Path("/proc/stat").read_text()
+        except OSError:
+            return None
+    fields = stat.splitlines()[0].split()
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of all CPU time between two ``cpu_jiffies`` readings that was stolen."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 4)
+
+
 def run_once(name: str, w: Workload, policy: str, run: Path, data: Path | None, extra: list[str]) -> dict:
     over = [*BASE, *w.overrides, f"run.steps={w.steps}", f"scheduler.policy={policy}", *extra]
     if data is not None:
         over += [f"data.files={data}", f"data.max_prompt_length={LONG_PROMPT_TOKENS + 64}"]
-    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    t0, load0, jiffies0 = time.perf_counter(), os.getloadavg()[0], cpu_jiffies()
     out = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *over],
                          cwd=ROOT, capture_output=True, text=True, env=ENV)
     if out.returncode != 0:
         return {"workload": name, "policy": policy, "error": out.stderr[-2000:]}
+    steal = steal_fraction(jiffies0, cpu_jiffies())
     s = json.loads((run / "summary.json").read_text())
     waits = s.get("reclaim_waits", [])
     return {
@@ -141,6 +169,7 @@ def run_once(name: str, w: Workload, policy: str, run: Path, data: Path | None, 
         # The machine is shared: the 1-minute load average before and after the run says how
         # much else ran beside it (2 cores: above ~2.5, figures are other people's too).
         "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "steal_fraction": steal,
         "idle_ratio": s["idle_ratio"], "borrows": s["borrows"],
         "admission": {k: v for k, v in s["admission"].items() if k != "latest"},
         "stage_model_median_error": s.get("stage_model_median_error", {}),
@@ -233,6 +262,8 @@ def summarise(name: str, w: Workload, runs: list[dict]) -> dict:
             "reclaim_bound_p50_s": pct(bound, 0.5), "reclaim_bound_p99_s": pct(bound, 0.99),
             "audit_ok": all(r["audit_ok"] for r in rs),
             "load_average_max": max((max(r.get("load_average", [0])) for r in rs), default=None),
+            "steal_fraction_max": max((r["steal_fraction"] for r in rs
+                                       if r.get("steal_fraction") is not None), default=None),
         }
     a_tps = policies["async"]["tokens_per_s"]
     return {
@@ -269,7 +300,8 @@ def print_table(results: list[dict]) -> None:
                   f"{fmt(statistics.median(so) if so else None, '.2f'):>9}"
                   f"{q['idle_ratio'].get('rollout', 0):>6.2f}/{q['idle_ratio'].get('train', 0):<4.2f}"
                   f"{rt:>12}{fmt(q['stage_model_median_error'].get('decode'), '.2f'):>11}"
-                  f"{str(q['audit_ok']):>6}{fmt(q['load_average_max'], '.1f'):>6}")
+                  f"{str(q['audit_ok']):>6}{fmt(q['load_average_max'], '.1f'):>6}"
+                  f"{fmt(q.get('steal_fraction_max'), '.3f'):>7}")
         r = res["ratios"]
         print(f"{'':<14}bidirl/async median {fmt(res['median_ratio'], '.3f')} over {res['pairs']} pairs "
               f"(spread {fmt(min(r) if r else None, '.3f')}..{fmt(max(r) if r else None, '.3f')}); "

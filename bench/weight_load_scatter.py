@@ -8,7 +8,11 @@ kept at ``--seqs`` live requests (each load restarts them, as in a run), loading
 weights ``--loads`` times.  Loads alternate between Python's garbage collector on (as in a
 run) and off, and each load records the collections that ran inside it and the minor page
 faults it took, so the two usual suspects for a Python-heavy call's jitter are measured
-rather than guessed:
+rather than guessed.  Each load also records its thread's CPU time (a load slowed by other
+threads or processes taking the core has CPU time well under its wall time; one whose work
+itself ran slower, at the same CPU share, has not), and the whole measurement records the
+share of CPU time the hypervisor stole (``steal``, from ``/proc/stat``: a virtual machine's
+other tenants):
 
     .venv/bin/python bench/weight_load_scatter.py --json bench/results/weight_load_scatter.json
 
@@ -29,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from real_policies import cpu_jiffies, steal_fraction  # bench/: the same reading as the series
 
 
 def floor_error(xs: list[float]) -> float:
@@ -76,6 +82,7 @@ def main() -> int:
         clock = GcClock()
         gid = 0
         loads: dict[str, list[dict]] = {"gc on": [], "gc off": []}
+        jiffies0 = cpu_jiffies()
         try:
             for i in range(a.loads):
                 while role.running < a.seqs:
@@ -88,16 +95,19 @@ def main() -> int:
                     gc.disable()
                 n0, s0 = clock.count, clock.seconds
                 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                c0 = time.thread_time()
                 seconds = role.update_weights(weights, i + 1)
+                cpu_s = time.thread_time() - c0
                 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
                 gc.enable()
                 loads[mode].append({"s": seconds, "gc_n": clock.count - n0, "gc_s": clock.seconds - s0,
-                                    "faults": faults})
+                                    "faults": faults, "cpu_s": cpu_s})
                 if (i + 1) % 10 == 0:
                     print(f"[weight_load_scatter] {i + 1}/{a.loads} loads", file=sys.stderr, flush=True)
         finally:
+            steal = steal_fraction(jiffies0, cpu_jiffies())
             role.release()
-    out = {"loads": a.loads, "seqs": a.seqs, "date": time.strftime("%Y-%m-%d %H:%M"),
+    out = {"steal_fraction": steal, "loads": a.loads, "seqs": a.seqs, "date": time.strftime("%Y-%m-%d %H:%M"),
            "load_avg": os.getloadavg()[0], "modes": {}}
     print(f"weight load, {a.seqs} live requests: ms, scatter = median |load/median - 1|")
     for mode, rows in loads.items():
@@ -107,11 +117,18 @@ def main() -> int:
              "floor_error": floor_error(xs), "min_ms": min(xs) * 1e3, "max_ms": max(xs) * 1e3,
              "gc_ms_per_load": 1e3 * statistics.mean(r["gc_s"] for r in rows),
              "gc_per_load": statistics.mean(r["gc_n"] for r in rows),
-             "faults_per_load": statistics.median(r["faults"] for r in rows), "ms": [x * 1e3 for x in xs]}
+             "faults_per_load": statistics.median(r["faults"] for r in rows),
+             # the load's own thread: its CPU time's scatter, and its share of the wall time
+             "cpu_scatter": statistics.median(abs(r["cpu_s"] / statistics.median(c["cpu_s"] for c in rows) - 1)
+                                              for r in rows),
+             "cpu_share": statistics.median(min(1.0, r["cpu_s"] / r["s"]) for r in rows if r["s"] > 0),
+             "ms": [x * 1e3 for x in xs], "cpu_ms": [r["cpu_s"] * 1e3 for r in rows]}
         out["modes"][mode] = m
         print(f"  {mode:6s} median {m['median_ms']:6.1f}  scatter {m['scatter']:.3f}  floor {m['floor_error']:.3f}  "
               f"range {m['min_ms']:.1f}-{m['max_ms']:.1f}  gc {m['gc_ms_per_load']:.2f} ms/load  "
-              f"faults {m['faults_per_load']:.0f}/load  (n={m['n']})")
+              f"faults {m['faults_per_load']:.0f}/load  cpu share {m['cpu_share']:.2f}  "
+              f"cpu scatter {m['cpu_scatter']:.3f}  (n={m['n']})")
+    print(f"  steal over the measurement: {'-' if steal is None else format(steal, '.3f')}")
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1))
     print(f"wrote {a.json}", file=sys.stderr)

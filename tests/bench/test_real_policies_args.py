@@ -71,3 +71,19 @@ def test_a_pair_without_its_bidirl_run_adds_no_factor():
     runs = [_run("async", 0, 100.0, 160.0), _run("bidirl", 0, 140.0, 150.0), _run("async", 1, 90.0, 150.0)]
     res = rp.summarise("balanced", rp.WORKLOADS["balanced"], runs)
     assert len(res["bidirl_own_efficiency_per_pair"]) == 1 and res["pairs"] == 1
+
+
+STAT = "cpu  846056 9507 87874 4334464 2852 0 1331 {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+
+
+def test_steal_fraction_is_the_stolen_share_of_all_cpu_time():
+    before = rp.cpu_jiffies(STAT.format(steal=10909))
+    total0 = 846056 + 9507 + 87874 + 4334464 + 2852 + 0 + 1331 + 10909
+    assert before == (10909, total0)
+    # 100 more jiffies of user time and 25 stolen: 25 of 125
+    after = rp.cpu_jiffies(STAT.format(steal=10934).replace("846056", "846156"))
+    assert rp.steal_fraction(before, after) == 0.2
+    assert rp.steal_fraction(before, before) is None  # no time passed
+    assert rp.steal_fraction(None, after) is None
+    assert rp.cpu_jiffies("intr 1 2 3\n") is None  # not a cpu line
+    assert rp.cpu_jiffies() is None or rp.cpu_jiffies()[1] > 0  # this machine's, where it has one
