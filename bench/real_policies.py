@@ -136,7 +136,7 @@ def cpu_jiffies(stat: str | None = None) -> tuple[int, int] | None:
             stat = Path("/proc/stat").read_text()
         except OSError:
             return None
-    fields = stat.splitlines()[0].split()
+    fields = stat.split("\n", 1)[0].split()
     if not fields or fields[0] != "cpu" or len(fields) < 9:
         return None
     ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal

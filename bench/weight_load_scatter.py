@@ -113,14 +113,14 @@ def main() -> int:
     for mode, rows in loads.items():
         xs = [r["s"] for r in rows]
         med = statistics.median(xs)
+        cpu_med = statistics.median(r["cpu_s"] for r in rows)
         m = {"n": len(xs), "median_ms": med * 1e3, "scatter": statistics.median(abs(x / med - 1) for x in xs),
              "floor_error": floor_error(xs), "min_ms": min(xs) * 1e3, "max_ms": max(xs) * 1e3,
              "gc_ms_per_load": 1e3 * statistics.mean(r["gc_s"] for r in rows),
              "gc_per_load": statistics.mean(r["gc_n"] for r in rows),
              "faults_per_load": statistics.median(r["faults"] for r in rows),
              # the load's own thread: its CPU time's scatter, and its share of the wall time
-             "cpu_scatter": statistics.median(abs(r["cpu_s"] / statistics.median(c["cpu_s"] for c in rows) - 1)
-                                              for r in rows),
+             "cpu_scatter": statistics.median(abs(r["cpu_s"] / cpu_med - 1) for r in rows),
              "cpu_share": statistics.median(min(1.0, r["cpu_s"] / r["s"]) for r in rows if r["s"] > 0),
              "ms": [x * 1e3 for x in xs], "cpu_ms": [r["cpu_s"] * 1e3 for r in rows]}
         out["modes"][mode] = m

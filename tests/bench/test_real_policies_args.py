@@ -86,4 +86,6 @@ def test_steal_fraction_is_the_stolen_share_of_all_cpu_time():
     assert rp.steal_fraction(before, before) is None  # no time passed
     assert rp.steal_fraction(None, after) is None
     assert rp.cpu_jiffies("intr 1 2 3\n") is None  # not a cpu line
-    assert rp.cpu_jiffies() is None or rp.cpu_jiffies()[1] > 0  # this machine's, where it has one
+    assert rp.cpu_jiffies("") is None  # an empty read
+    here = rp.cpu_jiffies()
+    assert here is None or here[1] > 0  # this machine's, where it has one
