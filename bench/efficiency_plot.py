@@ -129,7 +129,8 @@ def plot(summary: dict, labels: list[str], png: Path) -> None:
                 if e is None or not e[key]:
                     continue
                 ys = e[key]
-                ax.scatter([i] * len(ys), ys, s=18, alpha=0.7)
+                # one colour per series, the same in every panel
+                ax.scatter([i] * len(ys), ys, s=18, alpha=0.7, color=f"C{i % 10}")
                 ax.hlines(statistics.median(ys), i - 0.3, i + 0.3, colors="black", lw=2)
             ax.axhline(target, ls="--", color="tab:red", lw=1)
             ax.set_xticks(range(len(labels)))
