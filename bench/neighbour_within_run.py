@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pinning_within_run import ENV, classify, device_workers  # bench/: the same clock alignment
+from pinning_within_run import ENV, classify, device_workers, note_steps_seen, run_clock_phases
 from real_policies import BASE, LONG_PROMPT_TOKENS, ROOT, WORKLOADS, long_prompt_rows
 
 IDLE, BUSY = 0.1, 0.9  # share of a decode measurement the training device spent training
@@ -58,9 +58,7 @@ def run(workload: str, phase_s: float, keep: Path) -> tuple[Path, list[tuple[flo
         name, started = None, 0.0
         while proc.poll() is None:
             now = time.time()
-            if metrics.is_file():
-                for k in range(sum(1 for _ in metrics.open())):
-                    step_seen.setdefault(k, now)
+            note_steps_seen(metrics, step_seen, now)
             if name is None and len(device_workers()) >= 2:  # both device workers up: start switching
                 name, started = "off", now
             elif name is not None and now - started >= phase_s:
@@ -81,12 +79,7 @@ def run(workload: str, phase_s: float, keep: Path) -> tuple[Path, list[tuple[flo
 def analyse(run_dir: Path, phases_wall: list[tuple[float, float, str]], step_seen: dict[int, float]) -> dict:
     """Median ms per decode step (full batch) per ``"<phase> / trainer idle|busy"`` cell."""
     recs = [json.loads(line) for line in (run_dir / "profile.jsonl").read_text().splitlines()]
-    finished = {r["step"]: r["t"] for r in recs if r["event"] == "TrainStepFinished"}
-    offsets = [step_seen[k] - finished[k] for k in finished if k in step_seen]
-    if not offsets:
-        raise ValueError(f"{run_dir}: no step's metrics line was seen; cannot align the clocks")
-    offset = statistics.median(offsets)
-    phases = [(a - offset, b - offset, n) for a, b, n in phases_wall]
+    phases, spread = run_clock_phases(recs, phases_wall, step_seen)
     trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
     train = [(e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in trace
              if e.get("ph") == "X" and e.get("tid") == 2 and e.get("args", {}).get("activity") == "busy"]
@@ -110,7 +103,7 @@ def analyse(run_dir: Path, phases_wall: list[tuple[float, float, str]], step_see
     def ratio(a: str, b: str) -> float | None:
         return med[a] / med[b] if a in med and b in med else None
 
-    return {"alignment_spread_s": max(offsets) - min(offsets), "phases": len(phases),
+    return {"alignment_spread_s": spread, "phases": len(phases),
             "decode_step_ms": med, "count": {k: len(v) for k, v in cells.items()},
             "spin_over_off_trainer_idle": ratio("spin / trainer idle", "off / trainer idle"),
             "trainer_busy_over_idle_spin_off": ratio("off / trainer busy", "off / trainer idle")}

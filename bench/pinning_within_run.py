@@ -90,6 +90,27 @@ def classify(records: list[tuple[float, float]], phases: list[tuple[float, float
     return out
 
 
+def note_steps_seen(metrics: Path, step_seen: dict[int, float], now: float) -> None:
+    """Record the wall time at which each step's line first appears in ``metrics.jsonl``."""
+    if metrics.is_file():
+        for k in range(sum(1 for _ in metrics.open())):
+            step_seen.setdefault(k, now)
+
+
+def run_clock_phases(recs: list[dict], phases_wall: list[tuple[float, float, str]],
+                     step_seen: dict[int, float]) -> tuple[list[tuple[float, float, str]], float]:
+    """The phases moved from the wall clock onto the run's clock, and the alignment's spread.
+
+    A step's metrics line is written right after it finished (``TrainStepFinished``), so
+    wall = run clock + offset; the offset is the median over the steps seen."""
+    finished = {r["step"]: r["t"] for r in recs if r["event"] == "TrainStepFinished"}
+    offsets = [step_seen[k] - finished[k] for k in finished if k in step_seen]
+    if not offsets:
+        raise ValueError("no step's metrics line was seen; cannot align the run's clock to the wall clock")
+    offset = statistics.median(offsets)
+    return [(a - offset, b - offset, n) for a, b, n in phases_wall], max(offsets) - min(offsets)
+
+
 def run(workload: str, phase_s: float, steps: int, keep: Path) -> dict:
     w = WORKLOADS[workload]
     over = [*BASE, *w.overrides, f"run.steps={steps}", "scheduler.policy=bidirl"]
@@ -109,10 +130,7 @@ def run(workload: str, phase_s: float, steps: int, keep: Path) -> dict:
     name, started = None, None
     while proc.poll() is None:
         now = time.time()
-        if metrics.is_file():
-            n = sum(1 for _ in metrics.open())
-            for k in range(n):
-                step_seen.setdefault(k, now)
+        note_steps_seen(metrics, step_seen, now)
         if not workers:  # both device workers up: start switching
             ws = device_workers()
             if len(ws) >= 2:
@@ -142,17 +160,13 @@ def run(workload: str, phase_s: float, steps: int, keep: Path) -> dict:
 
 def analyse(run_dir: Path, phases_wall, step_seen: dict[int, float]) -> dict:
     recs = [json.loads(line) for line in (run_dir / "profile.jsonl").read_text().splitlines()]
-    finished = {r["step"]: r["t"] for r in recs if r["event"] == "TrainStepFinished"}
-    # A step's metrics line is written right after it finished: wall = run clock + offset.
-    offsets = [step_seen[k] - finished[k] for k in finished if k in step_seen]
-    offset = statistics.median(offsets)
-    phases = [(a - offset, b - offset, n) for a, b, n in phases_wall]
+    phases, spread = run_clock_phases(recs, phases_wall, step_seen)
     cap = max((r["features"][1] / r["features"][0] for r in recs
                if r["event"] == "StageMeasured" and r["stage"] == "decode"), default=0)
     decode = [r for r in recs if r["event"] == "StageMeasured" and r["stage"] == "decode"
               and r["features"][1] / r["features"][0] >= cap - 0.1]  # full batch only
     micro = [r for r in recs if r["event"] == "StageMeasured" and r["stage"] in ("train_micro", "aux_micro")]
-    out = {"phases": len(phases), "alignment_spread_s": max(offsets) - min(offsets) if offsets else None}
+    out = {"phases": len(phases), "alignment_spread_s": spread}
     for label, rows, value in (("decode_step_ms", decode, lambda r: 1e3 * r["seconds"] / r["features"][0]),
                                ("micro_batch_us_per_token", micro,
                                 lambda r: 1e6 * r["seconds"] / max(1.0, r["features"][1]))):

@@ -38,3 +38,21 @@ def test_the_analysis_compares_full_batch_decode_steps_and_micro_batches_per_pha
     assert d["count"] == {"free": 1, "pinned": 1} and d["median"] == pytest.approx({"free": 30.0, "pinned": 27.0})
     assert d["pinned_over_free"] == pytest.approx(0.9)
     assert m["median"] == pytest.approx({"pinned": 500.0, "free": 600.0})
+
+
+def test_phases_move_onto_the_run_clock_by_the_median_offset_and_need_a_seen_step():
+    recs = [{"event": "TrainStepFinished", "step": 0, "t": 4.0}, {"event": "TrainStepFinished", "step": 1, "t": 7.0}]
+    phases, spread = pin.run_clock_phases(recs, [(103.0, 106.0, "free")], {0: 104.0, 1: 107.2})
+    assert phases == [(pytest.approx(2.9), pytest.approx(5.9), "free")] and spread == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="align"):
+        pin.run_clock_phases(recs, [(0.0, 1.0, "free")], {})
+
+
+def test_a_step_counts_as_seen_when_its_metrics_line_first_appears(tmp_path):
+    metrics, seen = tmp_path / "metrics.jsonl", {}
+    pin.note_steps_seen(metrics, seen, 1.0)  # not written yet
+    metrics.write_text('{"step": 0}\n')
+    pin.note_steps_seen(metrics, seen, 2.0)
+    metrics.write_text('{"step": 0}\n{"step": 1}\n')
+    pin.note_steps_seen(metrics, seen, 3.0)
+    assert seen == {0: 2.0, 1: 3.0}
