@@ -1,19 +1,19 @@
 """What each scheduling policy learns: reward and validation curves over >= 300 steps, seeds.
 
+BENCHMARKS.md, "Convergence". The latest series, then the report and plots:
+
+    for s in 0 1 2; do for p in sync one-step-off async bidirl; do
+        .venv/bin/python -m bench.convergence --policy $p --seeds $s trainer.lr=5e-4; done; done
+    .venv/bin/python -m bench.convergence --report      # -> convergence_report.json, convergence.png
+    .venv/bin/python -m bench.convergence --policy async-reproducible --seeds S \
+        --json bench/results/convergence_reproducible.json trainer.lr=5e-4
+
 Runs ``bidirl train`` (the default: tiny model, warm start, built-in ``reverse`` task, 2 CPU
-devices) for each policy and seed, the data order the same for all (``data.seed=0``; the
-seed varies the trainer and the sampling), and appends each run's curves to
-``bench/results/convergence.json`` (resumable: a (policy, seed) already there is skipped).
-``--report`` reads the JSON, prints the comparison and writes the plots::
-
-    flock /work/bench.lock nice -n 0 .venv/bin/python bench/convergence.py --policy sync --seeds 0,1,2
-    ...                                                    --policy async-reproducible ...
-    .venv/bin/python bench/convergence.py --report
-
-``async-reproducible`` is ``async`` with ``scheduler.reproducible=true``: its wall-clock
-against free-running ``async`` is what the mode costs.  Figures: last-50-step mean reward
-and final validation score of each policy and their gap to ``sync``; the wall-clock time
-to a target validation score (``--target``, default 0.5) per policy.
+devices) per policy and seed, the data order the same for all (``data.seed=0``), and appends
+each run's curves to ``--json`` (resumable: a (policy, seed) already there is skipped).
+``async-reproducible`` is ``async`` with ``scheduler.reproducible=true``: its loop time against
+``async`` is what the mode costs. ``--report``: last-50-step reward and final validation per
+policy, their gap to ``sync``, and the loop seconds to a validation score of ``--target``.
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+from bench.measure import RESULTS, train, write_json
+
 POLICIES = {"sync": ["scheduler.policy=sync"], "one-step-off": ["scheduler.policy=one-step-off"],
             "async": ["scheduler.policy=async"], "bidirl": ["scheduler.policy=bidirl"],
             "async-reproducible": ["scheduler.policy=async", "scheduler.reproducible=true"]}
@@ -45,25 +44,19 @@ def run_one(policy: str, seed: int, steps: int, val_every: int, extra: list[str]
         args = [*POLICIES[policy], f"run.seed={seed}", "data.seed=0", f"run.steps={steps}",
                 f"run.val_every={val_every}", "run.val_before_train=true", "run.plot=false",
                 "run.tensorboard=false", "run.checkpoint_every=0", *extra]
-        env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
-        t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *args],
-                             cwd=ROOT, capture_output=True, text=True, env=env)
-        wall = time.perf_counter() - t0
-        if out.returncode != 0:
+        out = train(run, args)
+        if not out.ok:
             raise RuntimeError(f"{policy} seed {seed} failed:\n{out.stderr[-3000:]}")
-        s = json.loads((run / "summary.json").read_text())
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-        recs = [json.loads(x) for x in lines]
+        s, recs = out.summary(), out.metrics()
         val = [(d["step"], d["val/score/mean"]) for d in recs if "val/score/mean" in d]
-        train = [d for d in recs if "actor/pg_clipfrac" in d]
-        diag = {k: [d.get(k) for d in train] for k in DIAGNOSTICS}
+        steps_trained = [d for d in recs if "actor/pg_clipfrac" in d]
+        diag = {k: [d.get(k) for d in steps_trained] for k in DIAGNOSTICS}
     ends, t = [], 0.0
     for dt in s["step_times_s"]:
         t += dt
         ends.append(round(t, 3))
     return {"policy": policy, "seed": seed, "args": args, "date": time.strftime("%Y-%m-%d %H:%M"),
-            "process_wall_s": round(wall, 1), "loop_wall_s": s["wall_s"], "rewards": s["rewards"],
+            "process_wall_s": round(out.process_wall_s, 1), "loop_wall_s": s["wall_s"], "rewards": s["rewards"],
             "step_end_s": ends, "val": val, "borrows": s["borrows"], "audit_ok": s["audit_ok"],
             "load_avg": os.getloadavg()[0], "diagnostics": diag}
 
@@ -73,8 +66,7 @@ def load(path: Path) -> list[dict]:
 
 
 def save(path: Path, runs: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"runs": runs}, indent=1))
+    write_json(path, {"runs": runs})
 
 
 def _mean_sd(xs: list[float]) -> tuple[float, float]:
@@ -193,7 +185,7 @@ def main() -> int:
         runs = load(path)
         rep = report(runs, a.target)
         print(json.dumps(rep, indent=1))
-        (path.with_name(path.stem + "_report.json")).write_text(json.dumps(rep, indent=1))
+        write_json(path.with_name(path.stem + "_report.json"), rep)
         plot(runs, path.with_name(path.stem + ".png"))
     return 0
 

@@ -1,39 +1,35 @@
 """The README's main job, measured: ``bidirl train`` with its embedded default.
 
-Runs the default (tiny model, built-in task, 2 CPU devices), then prints the wall time
-(whole process and training loop), the reward curve as 50-step means, and writes the
-figures to bench/results/default_run.json and the curve to bench/results/default_reward.png.
+BENCHMARKS.md, "Default run":
 
-    .venv/bin/python bench/default_run.py [key=value ...]
+    .venv/bin/python -m bench.default_run [key=value ...]
+
+Runs the default (tiny model, built-in task, 2 CPU devices), prints the wall time (whole
+process and training loop) and the reward curve as 50-step means, and writes
+bench/results/default_run.json and the curve to bench/results/default_reward.png.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.measure import RESULTS, train, write_json
 
 
 def main() -> int:
     extra = sys.argv[1:]
     with tempfile.TemporaryDirectory(prefix="bidirl-default-") as tmp:
-        run = Path(tmp) / "run"
-        env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
-        t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *extra],
-                             cwd=ROOT, capture_output=True, text=True, env=env)
-        wall = time.perf_counter() - t0
-        if out.returncode != 0:
+        out = train(Path(tmp) / "run", extra)
+        if not out.ok:
             print(out.stderr[-3000:], file=sys.stderr)
             return 1
-        s = json.loads((run / "summary.json").read_text())
+        s = out.summary()
+    wall = out.process_wall_s
     rewards = s["rewards"]
     means = [round(statistics.mean(rewards[i:i + 50]), 3) for i in range(0, len(rewards), 50)]
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "overrides": extra, "process_wall_s": round(wall, 1),
@@ -42,9 +38,7 @@ def main() -> int:
               "audit_ok": s["audit_ok"], "idle_ratio": s["idle_ratio"], "borrows": s["borrows"],
               "stage_model_median_error": s["stage_model_median_error"]}
     print(json.dumps(result, indent=1))
-    res = ROOT / "bench" / "results"
-    res.mkdir(parents=True, exist_ok=True)
-    (res / "default_run.json").write_text(json.dumps({**result, "rewards": rewards}, indent=1))
+    write_json(RESULTS / "default_run.json", {**result, "rewards": rewards})
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -60,7 +54,7 @@ def main() -> int:
     ax.set_title(f"bidirl train (default): {len(rewards)} steps, {s['wall_s']:.0f} s loop, {wall:.0f} s total")
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(res / "default_reward.png", dpi=110)
+    fig.savefig(RESULTS / "default_reward.png", dpi=110)
     return 0 if s["audit_ok"] else 1
 
 

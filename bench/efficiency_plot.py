@@ -1,21 +1,19 @@
-"""Every pair of ``bench/real_policies.py`` series side by side, against issue 11's targets.
+"""Every pair of one or more ``bench.real_policies`` series side by side, against the targets.
 
-Reads one or more ``real_policies`` JSON files (one workload each, or ``{"workloads": [...]}``
-as ``--workload all`` writes) and draws, per workload, each pair's ``bidirl`` / ``async``
-throughput (top) and ``bidirl``'s efficiency against the pair's ideal packing bound (bottom),
-one column of dots per series, the series' median as a bar, and the targets as dashed lines
-(>= 1.20x, >= 1.05x on balanced; efficiency >= 0.9).  The pair-to-pair scatter is the point:
-on a shared 2-core machine one pair says little, and a median of five is what a target is
-judged on.  Two more rows split each pair's efficiency into its two factors (their quotient):
-``bidirl`` against the bound of its *own* busy device-seconds (what its scheduling leaves
-idle or spends switching), and its busy device-seconds over ``async``'s for the same work
-(what the machine charges for running work beside work).  Prints the medians and writes
-them to ``--json``.
+BENCHMARKS.md, "Real workloads: bidirl against async" (its plot):
 
-    .venv/bin/python bench/efficiency_plot.py LABEL=FILE [LABEL=FILE ...] --png OUT.png --json OUT.json
+    .venv/bin/python -m bench.efficiency_plot bench/results/real_policies_*_1203night.json \
+        bench/results/real_policies_*_1204.json bench/results/real_policies_*_1204pm.json \
+        bench/results/real_policies_*_1204eve.json \
+        --png bench/results/efficiency_pairs_1204eve.png --json bench/results/efficiency_pairs_1204eve.json
 
-A ``FILE`` without ``LABEL=`` is labelled by the part of its name after the workload
-(``real_policies_train-heavy_warm.json`` -> ``warm``).
+Per workload, each pair's ``bidirl`` / ``async`` throughput and ``bidirl``'s efficiency against
+the pair's ideal packing bound, one column of dots per series, the median as a bar, the
+targets dashed (>= 1.20x, >= 1.05x on balanced; efficiency >= 0.9); two more rows split each
+pair's efficiency into its quotient's two factors: ``bidirl`` against the bound of its *own*
+busy device-seconds, and its busy device-seconds over ``async``'s for the same work. Prints
+the medians and writes them to ``--json``. Arguments are ``LABEL=FILE`` or ``FILE`` (labelled
+by the part of its name after the workload: ``real_policies_train-heavy_warm.json`` -> ``warm``).
 """
 
 from __future__ import annotations
@@ -26,8 +24,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from real_policies import WORKLOADS as _DEFINED  # bench/: the workloads the series are of
-from real_policies import complete_pairs, efficiency_split
+from bench.measure import write_json
+from bench.real_policies import WORKLOADS as _DEFINED  # the workloads the series are of
+from bench.real_policies import complete_pairs, efficiency_split
 
 WORKLOADS = tuple(_DEFINED)
 RATIO_TARGET = {"balanced": 1.05}  # every other workload: DEFAULT_RATIO_TARGET
@@ -37,7 +36,7 @@ EFFICIENCY_TARGET = 0.9
 
 def pairs_of(workload: dict) -> list[tuple[float, float]]:
     """(bidirl / async, bidirl over the pair's async bound) for every complete pair, as
-    ``bench/real_policies.py`` summarised them (``ratios``, ``efficiency_per_pair``)."""
+    ``bench.real_policies`` summarised them (``ratios``, ``efficiency_per_pair``)."""
     return list(zip(workload["ratios"], _efficiencies(workload), strict=True))
 
 
@@ -47,7 +46,7 @@ def _efficiencies(workload: dict) -> list[float]:
 
 def split_of(workload: dict) -> tuple[list[float], list[float]]:
     """(bidirl over its own bound, bidirl's work over async's) for every complete pair: as
-    ``bench/real_policies.py`` summarised them, or, for a result written before it did, from
+    ``bench.real_policies`` summarised them, or, for a result written before it did, from
     its runs (``tokens_per_s`` and ``ideal_tokens_per_s`` of each pair's two runs)."""
     if "bidirl_own_efficiency_per_pair" in workload:
         return workload["bidirl_own_efficiency_per_pair"], workload["bidirl_work_over_async_per_pair"]
@@ -67,7 +66,7 @@ def load(spec: str) -> tuple[str, list[dict]]:
     workloads = d.get("workloads", [d]) if isinstance(d, dict) else None
     if not workloads or any(not isinstance(w, dict) or w.get("workload") not in WORKLOADS
                             or not isinstance(w.get("ratios"), list) for w in workloads):
-        raise SystemExit(f"efficiency_plot: {path}: not a bench/real_policies.py result "
+        raise SystemExit(f"efficiency_plot: {path}: not a bench.real_policies result "
                          f"(each needs 'workload' in {', '.join(WORKLOADS)}, 'ratios' and "
                          "'policies.bidirl.efficiency_per_pair')")
     for w in workloads:
@@ -140,7 +139,7 @@ def plot(summary: dict, labels: list[str], png: Path) -> None:
                 ax.set_title(w, fontsize=10)
             if j == 0:
                 ax.set_ylabel(ylabel, fontsize=9)
-    fig.suptitle("bench/real_policies.py: every pair (dots), the median (bar), the target (dashed; 1.0: no "
+    fig.suptitle("bench.real_policies: every pair (dots), the median (bar), the target (dashed; 1.0: no "
                  "extra work)")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -148,7 +147,7 @@ def plot(summary: dict, labels: list[str], png: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("series", nargs="+", help="LABEL=FILE or FILE: bench/real_policies.py results")
+    ap.add_argument("series", nargs="+", help="LABEL=FILE or FILE: bench.real_policies results")
     ap.add_argument("--png", default="bench/results/efficiency_pairs.png")
     ap.add_argument("--json", default="bench/results/efficiency_pairs.json")
     args = ap.parse_args(argv)
@@ -169,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             if e:
                 print(f"{w:<15}{label:<14}{e['pairs']:>6}{e['median_ratio']:>8.3f}{e['median_efficiency']:>7.3f}"
                       f"{f3(e['median_own_efficiency']):>7}{f3(e['median_work_over_async']):>7}")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(summary, indent=1))
+    write_json(args.json, summary)
     plot(summary, labels, Path(args.png))
     print(f"wrote {args.json} and {args.png}", file=sys.stderr)
     return 0

@@ -1,39 +1,34 @@
 """``bidirl`` against its own ablation ``bidirl-opportunistic``, scenario by scenario.
 
+BENCHMARKS.md, "Guided against opportunistic borrowing":
+
+    .venv/bin/python -m bench.guided_vs_opportunistic             # grid + 30 random, 3 seeds
+    .venv/bin/python -m bench.guided_vs_opportunistic --limit 6   # a quick look
+
 The guided policy prices every borrow with its stage models before admitting it; the
-opportunistic one lends whatever is idle.  The guided one should never lose to it by more
-than noise: target ``bidirl >= 0.99 x bidirl-opportunistic`` on the mean of 3 seeds, on the
-48-point paper grid (its half/half split) and on the 30 seeded random scenarios of
-``planner_regret.py`` (their half/half split where it fits in memory, else the planner's
-envelope).  For every scenario under the target, the report keeps a trace of both
-policies per seed: admissions per direction (admitted / rejected), lends, switching
-device-seconds, busy fractions, the admitted borrows' predicted net seconds, step times.
-
-Writes ``bench/results/guided_vs_opportunistic.json``; prints a table of the misses and the
-summary.  Throughputs are simulated: they do not depend on the machine.
-
-    .venv/bin/python bench/guided_vs_opportunistic.py                 # grid + 30 random, 3 seeds
-    .venv/bin/python bench/guided_vs_opportunistic.py --limit 6       # a quick look
+opportunistic one lends whatever is idle. Target: ``bidirl >= 0.99 x bidirl-opportunistic``
+on the mean of 3 seeds, on the 48-point paper grid (half/half split) and the 30 random
+scenarios of ``bench.planner_regret`` (half/half where it fits in memory, else the planner's
+envelope). Every scenario under the target keeps a per-seed trace of both policies
+(admissions, lends, switching, busy fractions, predicted net seconds, step times). Writes
+``bench/results/guided_vs_opportunistic.json``; throughputs are simulated.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.measure import RESULTS, write_json
+from bench.planner_regret import SEED_STRIDE, random_scenarios
+from bidirl.planner.plan import plan, scenario_with_envelope
+from bidirl.sim.grid import paper_grid
+from bidirl.sim.run import simulate
+from bidirl.sim.scenario import ScenarioError
 
-from bidirl.planner.plan import plan, scenario_with_envelope  # noqa: E402
-from bidirl.sim.grid import paper_grid  # noqa: E402
-from bidirl.sim.run import simulate  # noqa: E402
-from bidirl.sim.scenario import ScenarioError  # noqa: E402
-from planner_regret import SEED_STRIDE, random_scenarios  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = ("bidirl", "bidirl-opportunistic")
 TARGET = 0.99
 
@@ -107,11 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in summary.items():
         print(f"{name:6} bidirl / bidirl-opportunistic (mean of {args.seeds} seeds): min {s['min']:.4f} "
               f"median {s['median']:.4f} max {s['max']:.4f}; below {TARGET}: {s['below_target']} of {s['n']}")
-    report = {"command": " ".join(["bench/guided_vs_opportunistic.py", *(argv or sys.argv[1:])]),
+    report = {"command": " ".join(["python -m bench.guided_vs_opportunistic", *(argv or sys.argv[1:])]),
               "steps": args.steps, "seeds": args.seeds, "target": TARGET, "wall_s": time.perf_counter() - t0,
               "summary": summary, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    write_json(args.out, report)
     print(f"wrote {args.out}")
     return 0
 

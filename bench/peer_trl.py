@@ -1,39 +1,24 @@
 """bidirl against TRL's GRPOTrainer: the same model, prompts, reward and settings, interleaved.
 
-What a user on a CPU picks today is TRL's ``GRPOTrainer`` (HF ``generate`` for rollouts,
-then a training step, on one process).  Both sides here get the same locally built model
-directory (``build_tiny_model`` + the warm start, nothing downloads), the built-in ``reverse``
-task's prompts and reward, group size, prompts per step, max new tokens, learning rate,
-clipping, loss aggregation (token mean over the batch) and the same CPU cores (this
-machine's 2: bidirl as 2 one-core devices, TRL with 2 torch threads).  Completion tokens
-only are counted on both sides; the clock runs over the training loop (TRL: ``train()``;
-bidirl: its summary's ``wall_s``), not start-up.  Pairs run interleaved (TRL, bidirl, TRL,
-...).  ``peers`` is an optional extra (``pip install bidirl[peers]``)::
+BENCHMARKS.md, "Against TRL". The latest series (three rounds, one pair each):
 
-    flock /work/bench.lock nice -n 0 .venv/bin/python bench/peer_trl.py --model-size small --pairs 3 \\
-        --json bench/results/peer_trl_small.json
-    ... --model-size large --force-length --pairs 1 --steps 10 --append --json bench/results/peer_trl_large_equal.json
+    .venv/bin/python -m bench.peer_trl --model-size small --steps 100 --val-every 20 --pairs 1 --append \
+        --json bench/results/peer_trl_small_val.json
+    .venv/bin/python -m bench.peer_trl --model-size large --lr 5e-4 --steps 40 --val-every 10 --pairs 1 --append \
+        --json bench/results/peer_trl_large_natural_val.json
+    .venv/bin/python -m bench.peer_trl --model-size large --task reverse_long --lr 5e-4 --steps 30 --val-every 10 \
+        --pairs 1 --append --json bench/results/peer_trl_large_long_val.json
 
-``--append`` adds pairs to an existing JSON of the same settings (split a long benchmark
-into several locked runs).  Sampling is the same on both sides (temperature 1, top-p 1,
-top-k off, no repetition penalty, the model directory's EOS; its ``generation_config.json``
-names only the special tokens), but what the two learn differs, and so do response lengths
-(on the large model at lr 1e-3 TRL's grew from ~4 to 48 tokens in 3 steps while bidirl's
-stayed ~4), which makes completion tokens/s compare different work: ``--force-length``
-masks EOS until the cap on both sides (HF ``min_new_tokens``, bidirl ``rollout.min_new_tokens``
-= vLLM ``min_tokens``), so every response of both is exactly max-new-tokens long.
-``--task reverse_long`` (16-48 digits) gives natural answers of tens of tokens, like the
-responses of the hand measurement issue 14 quotes; ``reverse``'s are ~4 tokens.
-``--val-every K`` adds greedy validation on both sides (the task's 64 ``split="test"`` prompts
-bidirl validates on, before training and every K steps, scored by the task's reward; TRL: HF
-``generate`` with ``do_sample=False`` in a callback; bidirl: its own ``run.val_every``); each
-side's validation seconds come off its clock, so the throughput stays the training loop's.
-The script also writes ``OUT.png``: reward per step, reward against loop seconds, and validation.
-``small`` = 2 layers / hidden 128, 32 new tokens; ``large`` =
-4 layers / hidden 256, 128 new tokens; 8 prompts x 8 responses per step.
-
-TRL's ``datasets`` dependency imports ``xxhash`` (a C extension) for cache fingerprints
-only; when it is not installed this script registers a stand-in backed by ``hashlib``.
+Both sides get the same locally built model (``build_tiny_model`` + a 40-step warm start), the
+built-in task's prompts and reward, group size, prompts per step, max new tokens, learning
+rate, clipping, token-mean loss and the machine's 2 cores (bidirl: two one-core devices; TRL:
+2 torch threads). Completion tokens only, over the training loop (TRL ``train()``, bidirl's
+``wall_s``), validation seconds off both clocks. ``--force-length`` masks EOS until the cap on
+both sides (equal work); ``--task reverse_long`` gives answers of tens of tokens; ``--val-every
+K`` validates both greedily on the task's 64 test prompts. Writes ``OUT.json`` and ``OUT.png``
+(reward per step and per second, validation). Needs the ``peers`` extra (``pip install
+bidirl[peers]``); without ``xxhash`` a ``hashlib`` stand-in is registered for ``datasets``.
+``small`` = 2 layers / hidden 128, 32 new tokens; ``large`` = 4 layers / hidden 256, 128.
 """
 
 from __future__ import annotations
@@ -48,9 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_policies import _code  # noqa: E402  (the commit a run measures, as there)
+from bench.measure import ROOT, code_version, train, write_json
 
 SIZES = {"small": {"layers": 2, "hidden": 128, "max_new_tokens": 32},
          "large": {"layers": 4, "hidden": 256, "max_new_tokens": 128}}
@@ -213,8 +196,8 @@ def run_trl(model_dir: Path, size: str, steps: int, force: bool, lr: float, task
     with tempfile.TemporaryDirectory(prefix="bidirl-trl-out-") as tmp:
         out = Path(tmp) / "trl.json"
         env = dict(os.environ, OMP_NUM_THREADS=str(CORES), TOKENIZERS_PARALLELISM="false")
-        p = subprocess.run([sys.executable, __file__, "--trl-child", str(model_dir), size, str(steps), str(out),
-                            str(int(force)), str(lr), task, str(val_every)],
+        p = subprocess.run([sys.executable, "-m", "bench.peer_trl", "--trl-child", str(model_dir), size,
+                            str(steps), str(out), str(int(force)), str(lr), task, str(val_every)],
                            cwd=ROOT, capture_output=True, text=True, env=env)
         if p.returncode != 0:
             raise RuntimeError(f"TRL run failed:\n{p.stderr[-4000:]}")
@@ -233,14 +216,10 @@ def run_bidirl(model_dir: Path, size: str, steps: int, policy: str, force: bool,
                 f"scheduler.policy={policy}", "cluster.rollout_devices=1", "cluster.train_devices=1",
                 f"run.val_every={val_every}", f"run.val_before_train={str(bool(val_every)).lower()}",
                 "run.plot=false", "run.tensorboard=false", "run.checkpoint_every=0"]
-        env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
-        p = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *args],
-                           cwd=ROOT, capture_output=True, text=True, env=env)
-        if p.returncode != 0:
+        p = train(run, args)
+        if not p.ok:
             raise RuntimeError(f"bidirl run failed:\n{p.stderr[-4000:]}")
-        s = json.loads((run / "summary.json").read_text())
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-        recs = [json.loads(x) for x in lines]
+        s, recs = p.summary(), p.metrics()
         lengths = [d["response_length/mean"] for d in recs if "response_length/mean" in d and "critic/score/mean" in d]
         gen_s = [d["timing_s/gen"] for d in recs if "timing_s/gen" in d and "critic/score/mean" in d]
         vals = [d for d in recs if "val/score/mean" in d]
@@ -366,13 +345,12 @@ def main() -> int:
         for k in range(a.pairs):
             trl = run_trl(model_dir, a.model_size, a.steps, a.force_length, a.lr, a.task, a.val_every)
             ours = run_bidirl(model_dir, a.model_size, a.steps, a.policy, a.force_length, a.lr, a.task, a.val_every)
-            pairs.append({"trl": trl, "bidirl": ours, "date": time.strftime("%Y-%m-%d %H:%M"), "code": _code(),
+            pairs.append({"trl": trl, "bidirl": ours, "date": time.strftime("%Y-%m-%d %H:%M"), "code": code_version(),
                           "load_avg": os.getloadavg()[0]})
             print(f"[peer_trl] pair {k + 1}: TRL {trl['completion_tokens_per_s']:.0f} completion tok/s, "
                   f"{trl['seconds_per_step']:.2f} s/step; bidirl {ours['completion_tokens_per_s']:.0f} tok/s, "
                   f"{ours['seconds_per_step']:.2f} s/step", file=sys.stderr)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"settings": settings, **summarise(pairs), "runs": pairs}, indent=1))
+            write_json(path, {"settings": settings, **summarise(pairs), "runs": pairs})
     result = json.loads(path.read_text())
     print(f"[peer_trl] plot: {plot(result, path.with_suffix('.png'))}", file=sys.stderr)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))

@@ -1,13 +1,13 @@
 """The planner's picks and predictions on a fixed set of scenarios, to compare two versions.
 
-A change meant to make the planner faster without changing what it decides is checked by
-running this on both versions (``PYTHONPATH`` pointing at each ``src``) and comparing:
+BENCHMARKS.md, "Planner regret and speed". A change meant to make the planner faster without
+changing what it decides is checked by running this on both versions and comparing:
 
-    PYTHONPATH=OLD/src .venv/bin/python bench/planner_picks.py --out /tmp/before.json
-    PYTHONPATH=src .venv/bin/python bench/planner_picks.py --out /tmp/after.json --compare /tmp/before.json
+    PYTHONPATH=OLD/src .venv/bin/python -m bench.planner_picks --out /tmp/before.json
+    PYTHONPATH=src .venv/bin/python -m bench.planner_picks --out /tmp/after.json --compare /tmp/before.json
 
 Scenarios: ``default`` at 256 devices and as shipped, the five ``user-*`` scenarios, the
-48-point paper grid and the 30 random scenarios of ``planner_regret.py`` (8 steps).
+48-point paper grid and the 30 random scenarios of ``bench.planner_regret`` (8 steps).
 ``--compare`` prints how many picks, top-5 lists and predictions (20 best, exactly) agree
 and exits 1 if a pick differs.
 """
@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import planner_regret  # noqa: E402
-from bidirl.planner.plan import plan  # noqa: E402
-from bidirl.sim.grid import paper_grid  # noqa: E402
-from bidirl.sim.scenario import load  # noqa: E402
+from bench.planner_regret import random_scenarios
+from bidirl.planner.plan import plan
+from bidirl.sim.grid import paper_grid
+from bidirl.sim.scenario import load
 
 USER = ("user-a6000-12-14b", "user-a6000-24-short", "user-h100-40-drift", "user-h100-64-32b",
         "user-h200-48-14b-32k")
@@ -36,7 +33,7 @@ def scenarios(quick: bool) -> list[tuple[object, int | None]]:
     out = [(load("default").replace(devices=256), None), (load("default"), None)]
     out += [(load(n), None) for n in USER]
     if not quick:
-        out += [(sc, 8) for sc in paper_grid(steps=8) + planner_regret.random_scenarios(30, 1000, 8)]
+        out += [(sc, 8) for sc in paper_grid(steps=8) + random_scenarios(30, 1000, 8)]
     return out
 
 

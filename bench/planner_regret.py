@@ -1,35 +1,24 @@
 """Planner regret, prediction error and speed, measured against the simulator.
 
-For every scenario (the paper grid, plus a seeded random set of other hardware, model
-sizes, device counts, length distributions and staleness bounds):
+BENCHMARKS.md, "Planner regret and speed". The latest run (the grid and the first random set;
+``--seed 1`` / ``--seed 2`` draw the two held-out random sets):
 
-* plan it (``bidirl.planner.plan.plan``) over the same number of steps the simulator runs;
-* simulate the ``bidirl`` policy on every compatible envelope (or, with
-  ``--max-envelopes K``, on the K best predicted plus the best predicted of every split);
-* regret = (best simulated throughput - simulated throughput of the pick) / best, for
-  the planner's own pick (``regret``) and for the pick ``bidirl plan`` makes by default,
-  the best simulated of the envelopes predicted within 5 % of the best, at most
-  ``--confirm K`` (``bidirl.sim.confirm``: its own length seed, so not the oracle's runs;
-  ``confirmed_regret``);
-* prediction error = |predicted - simulated| / simulated, for the pick and for all;
-* on grid scenarios, "separate the two gains": ``async`` and ``bidirl`` on the
-  baseline-aligned half/half split, ``async`` on its best simulated split, ``bidirl`` on
-  the planner's split.
+    .venv/bin/python -m bench.planner_regret --seeds 3 --no-gains --seed 0 \
+        --out bench/results/planner_regret_fill_seed0.json --cache CACHE.json
+    .venv/bin/python -m bench.planner_regret --quick      # a few minutes
+    .venv/bin/python -m bench.planner_regret --speed      # planner time, ``default`` at 256 devices
 
-Memory: the simulator refuses a split whose roles do not fit (``planner.compat.split_fit``,
-the planner's own model), so a grid point whose half/half split does not fit has no
-"gains" row (``gains_skipped``); the oracle simulates only compatible envelopes.
-
-Prints a table, writes ``bench/results/planner_regret.json``.  Simulated results are
-cached in ``bench/results/planner_regret.cache.json`` (keyed by scenario, envelope,
-policy, steps and a hash of the simulator's code: ``src/bidirl/{policy,sim,controller,perf,
-core,frame}`` and the planner modules the simulator imports) so an interrupted run resumes,
-a change to the policy or simulator re-simulates and a change to the planner's prediction
-only re-scores; ``--fresh`` ignores the cache.
-
-    .venv/bin/python bench/planner_regret.py --quick      # a few minutes
-    .venv/bin/python bench/planner_regret.py              # grid + 30 random scenarios
-    .venv/bin/python bench/planner_regret.py --speed      # planner time at 256 devices
+For every scenario (the 48-point paper grid and ``--random`` seeded random clusters of other
+hardware, models, sizes, lengths and staleness bounds): plan it over the simulated steps;
+simulate ``bidirl`` on every compatible envelope (``--max-envelopes K``: the K best predicted
+plus the best of every split); regret = (best simulated - simulated of the pick) / best, for
+the planner's pick and for ``bidirl plan``'s confirmed pick (the best simulated of the
+envelopes predicted within 5 %, at most ``--confirm K``, on a length seed of its own);
+prediction error = |predicted - simulated| / simulated. On grid scenarios (without
+``--no-gains``) it also separates the two gains: ``async`` and ``bidirl`` on the half/half
+split, ``async`` on its best split, ``bidirl`` on the planner's. Writes ``--out`` and a PNG
+beside it; simulations are cached in ``--cache``, keyed by a hash of the simulator's code
+(the packages a simulated run executes), so a run resumes and a planner-only change re-scores.
 """
 
 from __future__ import annotations
@@ -43,13 +32,13 @@ import sys
 import time
 from pathlib import Path
 
+from bench.measure import RESULTS, write_json
 from bidirl.planner.envelope import Envelope, envelope_of
 from bidirl.planner.plan import PlanError, plan, scenario_with_envelope
 from bidirl.sim.confirm import DEFAULT_K, confirm
 from bidirl.sim.grid import half_split, paper_grid
 from bidirl.sim.scenario import ResponseLength, Scenario, Workload
 
-RESULTS = Path(__file__).resolve().parent / "results"
 RANDOM_HARDWARE = ("A6000-48GB", "H100-80GB", "H200-141GB", "A100-80GB")
 RANDOM_MODELS = ("Qwen3-4B", "Qwen3-8B", "Qwen2.5-7B", "Qwen3-14B", "Qwen3-32B")
 RANDOM_DEVICES = (6, 10, 12, 14, 20, 24, 28, 36, 40, 48)
@@ -424,15 +413,14 @@ def main(argv: list[str] | None = None) -> int:
     print(file=sys.stderr)
     summary = summarize(rows)
     print_table(rows, summary)
-    report = {"command": " ".join(["bench/planner_regret.py", *(argv or sys.argv[1:])]),
+    report = {"command": " ".join(["python -m bench.planner_regret", *(argv or sys.argv[1:])]),
               "sim_code_version": cache.version,
               "steps": args.steps, "seeds": args.seeds, "max_envelopes": args.max_envelopes,
               "confirm": args.confirm,
               "wall_s": time.perf_counter() - t0, "simulations": cache.sims,
               "simulation_s": cache.sim_s, "summary": summary, "speed": speed(),
               "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    write_json(args.out, report)
     plot(rows, args.out.with_suffix(".png"), f"{args.steps} steps, {args.seeds} seed(s)")
     print(f"wrote {args.out}")
     return 0

@@ -1,29 +1,19 @@
 """``async`` against ``bidirl`` on real devices (Ray + vLLM + torch), workload by workload.
 
-Each workload is run as interleaved pairs (the order alternates: async, bidirl, then
-bidirl, async, ...) of ``bidirl train`` with the same config and seed; this machine is
-shared and noisy, so what counts is the ratio within a pair.  For every run it prints
-and records trained tokens/s, the ideal packing bound (the same busy device-seconds
-packed on all devices with no bubble and no switch cost, measured on the pair's
-``async`` run), efficiency = measured / bound, idle per pool, borrows, stage-model
-median errors, reclaim latency against one decode step + C_out, the ledger audit, the
-share of CPU time the host stole (``steal``: a virtual machine's other tenants), and the
-simulator's prediction from the run's own calibrated scenario
-(``RUN_DIR/scenario.yaml``, when the run wrote one).
+BENCHMARKS.md, "Real workloads: bidirl against async". The latest series, per workload W:
 
-    .venv/bin/python bench/real_policies.py --workload rollout-heavy --pairs 5 --json OUT.json
-    .venv/bin/python bench/real_policies.py --workload all --pairs 5     # every workload
-    .venv/bin/python bench/real_policies.py --workload balanced --pairs 1 -- rollout.temperature=0.7
-    .venv/bin/python bench/real_policies.py --workload shifting --pairs 2 --append --json OUT.json
-    .venv/bin/python bench/real_policies.py --workload balanced --pairs 5 --steps 24 --json OUT.json
+    .venv/bin/python -m bench.real_policies --workload W --pairs 5 --keep RUNS/W \
+        --json bench/results/real_policies_W_1204eve.json
 
-``--append`` adds pairs to those already in ``OUT.json`` (a long series in several shorter
-invocations) and summarises them all; each run records the commit it measured.
-Start-up (Ray, vLLM engines, pre-warming) and the final validation are outside the
-measured loop (the runs do not validate).  Workloads
-(``WORKLOADS``): rollout-heavy, train-heavy, shifting, balanced; all on a 4-layer /
-hidden-256 model with random weights (responses run long), 8 prompts x 8 responses a
-step, 1 rollout + 1 training device, staleness 1.
+Each workload runs as interleaved pairs of ``bidirl train`` (async, bidirl, then bidirl,
+async, ...) with the same config and seed; on a shared machine what counts is the ratio
+within a pair. Per run it records trained tokens/s, the ideal packing bound (the pair's
+``async`` busy device-seconds packed on all devices), efficiency, idle, borrows, stage-model
+errors, reclaim latency against one step + C_out, the audit, the CPU share the host stole,
+and the simulator's prediction from the run's own ``scenario.yaml``. ``--append`` adds pairs
+to an existing ``--json`` of the same workload and steps; ``--steps N`` changes the run length.
+Workloads (``WORKLOADS``): a 4-layer / hidden-256 model with random weights, 8 prompts x 8
+responses a step, 1 rollout + 1 training device, staleness 1, no validation.
 """
 
 from __future__ import annotations
@@ -36,11 +26,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.measure import RESULTS, ROOT, code_version, run_env, train, write_json
+
 BASE = ["model.tiny_layers=4", "model.tiny_hidden=256", "model.warm_start_steps=0",
         "rollout.prompts_per_step=8", "rollout.group_size=8", "data.task=copy",
         "run.checkpoint_every=0", "run.plot=false", "run.tensorboard=false",
@@ -78,16 +68,7 @@ WORKLOADS = {
 POLICIES = ("async", "bidirl")
 
 
-def _code() -> str:
-    """The commit the runs measure (``+dirty`` when the tree has uncommitted changes)."""
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no", "src") else "")
-
-
-CODE = _code()
-ENV = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+CODE = code_version()
 
 
 def long_prompt_rows(path: Path, n: int = 256, seed: int = 0) -> Path:
@@ -110,7 +91,7 @@ def simulate(scenario: Path, policy: str, tmp: Path) -> float | None:
     out = tmp / f"sim-{policy}.json"
     r = subprocess.run([sys.executable, "-m", "bidirl.cli", "simulate", "--scenario", str(scenario),
                         "--policy", policy, "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
-                       env=ENV)
+                       env=run_env())
     if r.returncode != 0:
         print(f"  simulate {scenario} {policy} failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
         return None
@@ -154,18 +135,17 @@ def run_once(name: str, w: Workload, policy: str, run: Path, data: Path | None, 
     over = [*BASE, *w.overrides, f"run.steps={w.steps}", f"scheduler.policy={policy}", *extra]
     if data is not None:
         over += [f"data.files={data}", f"data.max_prompt_length={LONG_PROMPT_TOKENS + 64}"]
-    t0, load0, jiffies0 = time.perf_counter(), os.getloadavg()[0], cpu_jiffies()
-    out = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run), *over],
-                         cwd=ROOT, capture_output=True, text=True, env=ENV)
-    if out.returncode != 0:
+    load0, jiffies0 = os.getloadavg()[0], cpu_jiffies()
+    out = train(run, over)
+    if not out.ok:
         return {"workload": name, "policy": policy, "error": out.stderr[-2000:]}
     steal = steal_fraction(jiffies0, cpu_jiffies())
-    s = json.loads((run / "summary.json").read_text())
+    s = out.summary()
     waits = s.get("reclaim_waits", [])
     return {
         "workload": name, "policy": policy, "tokens_per_s": s["throughput_tokens_per_s"],
         "ideal_tokens_per_s": s["ideal_tokens_per_s"], "efficiency": s["efficiency"],
-        "loop_wall_s": s["wall_s"], "process_wall_s": round(time.perf_counter() - t0, 1),
+        "loop_wall_s": s["wall_s"], "process_wall_s": round(out.process_wall_s, 1),
         # The machine is shared: the 1-minute load average before and after the run says how
         # much else ran beside it (2 cores: above ~2.5, figures are other people's too).
         "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)],
@@ -319,7 +299,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="all", help=f"one of {', '.join(WORKLOADS)}, or all")
     ap.add_argument("--pairs", type=int, default=5, help="interleaved async/bidirl pairs (>= 1)")
-    ap.add_argument("--json", default=str(ROOT / "bench/results/real_policies.json"))
+    ap.add_argument("--json", default=str(RESULTS / "real_policies.json"))
     ap.add_argument("--keep", default=None, help="keep the run directories here")
     ap.add_argument("--steps", type=int, default=None,
                     help="training steps of each run (default: the workload's, 12): a longer run "
@@ -355,8 +335,7 @@ def main() -> int:
         for n in names:
             results.append(run_workload(n, args.pairs, args.extra, tmp, before, args.steps))
             out = results[0] if len(results) == 1 and args.workload != "all" else {"workloads": results}
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(out, indent=1))  # after each workload: nothing lost
+            write_json(args.json, out)  # after each workload: nothing lost
     print_table(results)
     print(f"wrote {args.json}", file=sys.stderr)
     return 0 if all(not r["failed_runs"] for r in results) else 1

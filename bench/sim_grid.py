@@ -1,28 +1,18 @@
 """The paper grid in the simulator: every policy on every grid scenario, ratios vs ``async``.
 
-48 scenarios (``bidirl.sim.grid.paper_grid``: A6000 / H100, 32 / 16 devices, Qwen3-4B /
-8B, max response 4k / 8k / 16k, staleness 1 / 2) x 7 policies, all on the same
-baseline-aligned half/half split and seed.  Prints the table of throughput ratios against
-``async`` with ``bidirl``'s efficiency, then the checks the issue asks for:
+BENCHMARKS.md, "Paper grid (simulator)". The latest run (exit 1: a seed-0 check failed):
 
-* ``bidirl`` >= 0.99 x ``async`` on every scenario (borrowing must never cost much);
-* ``bidirl`` >= ``bidirl-opportunistic`` on the median (the admission model earns its place);
-* min / median / max of ``bidirl`` / ``async`` next to the paper's 1.05-1.94x.
+    .venv/bin/python -m bench.sim_grid --seeds 3        # -> bench/results/grid.json, a few minutes
+    .venv/bin/python -m bench.sim_grid --limit 4 --policies async,bidirl   # a quick look
 
-Writes ``bench/results/grid.json`` (summary, checks, per-scenario figures).  Exit status
-1 if a check fails.  Throughputs are simulated, so they do not depend on the machine; only
-the run time does.
-
-``--seeds N`` repeats the grid with seeds ``seed .. seed+N-1`` (other response lengths and
-timing noise) and adds the same checks on the ratio of seed-mean throughputs.  A single
-seed's ratio carries the simulator's trajectory noise: a schedule that differs in one
-decision places groups differently from then on, and ``async`` alone varies by about
-+-1.5 % when only its timing-noise stream changes.  The per-seed checks stay the primary
-ones; the seed-mean ones say whether a miss is systematic.
-
-    .venv/bin/python bench/sim_grid.py                  # 48 x 7, 12 steps: a few minutes
-    .venv/bin/python bench/sim_grid.py --steps 20
-    .venv/bin/python bench/sim_grid.py --limit 4 --policies async,bidirl   # quick look
+48 scenarios (``bidirl.sim.grid.paper_grid``: A6000 / H100, 32 / 16 devices, Qwen3-4B / 8B,
+max response 4k / 8k / 16k, staleness 1 / 2) x 7 policies on the same half/half split and
+seed. Prints the ratios against ``async`` with ``bidirl``'s efficiency and the checks:
+``bidirl`` >= 0.99 x ``async`` on every scenario, ``bidirl`` >= ``bidirl-opportunistic`` on
+the median, and ``bidirl`` / ``async`` min / median / max (the paper: 1.05-1.94x). ``--seeds
+N`` repeats with seeds ``seed .. seed+N-1`` and adds the same checks on seed-mean throughputs
+(one seed's ratio carries the simulator's trajectory noise). Exit 1 if a seed-0 check fails.
+Throughputs are simulated: only the run time depends on the machine.
 """
 
 from __future__ import annotations
@@ -33,12 +23,10 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
+from bench.measure import RESULTS, write_json
 from bidirl.sim.grid import format_table, paper_grid, run_grid, summarize
 from bidirl.sim.result import POLICIES
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def checks(rows) -> dict:
@@ -119,10 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(scenarios)} scenarios x {len(policies)} policies x {args.seeds} seed(s), "
           f"{args.steps} steps: "
           f"wall {wall:.0f} s, process CPU {cpu:.0f} s (shared machine: wall is noisy)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
+    write_json(args.out, {
         "benchmark": "sim_grid", "date": datetime.date.today().isoformat(),
-        "command": "bench/sim_grid.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m bench.sim_grid " + " ".join(argv if argv is not None else sys.argv[1:]),
         "steps": args.steps, "seed": args.seed, "policies": policies,
         "wall_s": wall, "cpu_s": cpu, **result,
         "rows": [{"scenario": r.scenario,
@@ -133,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                   "efficiency": {p: res.efficiency for p, res in r.results.items()},
                   "borrows": {p: res.borrows for p, res in r.results.items()},
                   "admission": {p: res.admission for p, res in r.results.items()}}
-                 for r in rows]}, indent=2) + "\n")
+                 for r in rows]}, indent=2)
     print(f"-> {args.out}")
     return 0 if all(c["ok"] for c in result["checks"].values()) else 1  # seed 0's checks
 

@@ -1,30 +1,20 @@
 """Simulator scale and scheduling-decision latency, measured on the command a user runs.
 
-Every figure comes from spawning ``bidirl simulate ... --json OUT`` (the console script
-next to this Python, else ``python -m bidirl.cli``), so start-up, result assembly and file
-writing are in it, exactly as for the user.
+BENCHMARKS.md, "Simulator scale and decision latency":
 
-1. Scale: ``scale-1024`` (1024 H100s, 512 rollout replicas, 1024 prompts x 16 responses,
-   200 steps): ``bidirl simulate --scenario scale-1024 --policy P`` for ``async`` and
-   ``bidirl``, and ``bidirl`` with ``--trace`` (which keeps all ~680,000 device
-   intervals and writes them), ``--repeats`` times each, the variants interleaved so that
-   a burst of load on the shared machine hits all of them.  Per run: wall time, CPU time
-   (user + system) and peak memory of the child process (``os.wait4``), and the
-   simulation's own time (``extra.sim_seconds``: the event loop only).  Target: under 30 s wall without
-   ``--trace``.  Wall time is noisy on a shared machine; CPU time is what the run cost.
-2. Decision latency: the controller's time per event it handles (observe the event, run
-   the policy, commit its actions; the runtime's work on the actions is excluded), as
-   p50 / p99 / p99.9 / max, on the three 32-or-fewer-device built-in scenarios and on
-   ``scale-1024`` (from the first run without ``--trace``), read from the ``--json``
-   the command wrote.  Target: p99 under 1 ms.  Both wall time (``perf_counter``) and
-   thread CPU time (``thread_time``, immune to the process being descheduled) are
-   reported; on a busy machine the wall figures include other processes' time slices.
+    .venv/bin/python -m bench.sim_scale                 # ~6 minutes (3 repeats)
+    .venv/bin/python -m bench.sim_scale --repeats 1 --steps 20 --no-trace   # a quick look
 
-Prints the figures and writes ``bench/results/sim_scale.json`` (``--json OUT`` elsewhere).
-No assertion on timings: this is a measurement, not a test.
-
-    .venv/bin/python bench/sim_scale.py                  # ~6 minutes (3 repeats)
-    .venv/bin/python bench/sim_scale.py --repeats 1 --steps 20 --no-trace   # quick look
+Every figure comes from spawning ``bidirl simulate ... --json OUT`` (the console script next
+to this Python, else ``python -m bidirl.cli``), start-up and file writing included.
+1. Scale: ``scale-1024`` (1024 H100s, 512 rollout replicas, 1024 prompts x 16 responses, 200
+   steps) for ``async``, ``bidirl`` and ``bidirl --trace``, ``--repeats`` times each,
+   interleaved. Per run: wall time, the child's CPU time and peak memory (``os.wait4``) and
+   the event loop's own time (``extra.sim_seconds``). Target: under 30 s wall without ``--trace``.
+2. Decision latency: the controller's time per event (observe, policy, commit), p50 / p99 /
+   p99.9 / max, wall and thread CPU time, on three small built-in scenarios and on
+   ``scale-1024``, read from the ``--json`` the command wrote. Target: p99 under 1 ms.
+Writes ``bench/results/sim_scale.json`` (``--json OUT`` elsewhere); no assertion on timings.
 """
 
 from __future__ import annotations
@@ -41,7 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.measure import RESULTS, write_json
+
 SMALL = ("default", "a6000-32-qwen3-4b", "h100-32-qwen3-8b")
 POLICIES = ("async", "bidirl")
 KEYS = ("p50", "p99", "p999", "max")
@@ -155,14 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     load_avg = os.getloadavg()
     print(f"load average at the end: {load_avg[0]:.2f} on {os.cpu_count()} cores "
           "(shared machine: wall times include other processes' time slices)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
+    write_json(args.out, {
         "benchmark": "sim_scale", "date": datetime.date.today().isoformat(),
-        "command": "bench/sim_scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m bench.sim_scale " + " ".join(argv if argv is not None else sys.argv[1:]),
         "bidirl": bidirl_command(), "cpu_count": os.cpu_count(),
         "load_average_end": load_avg, "scale_summary": summary, "scale_runs": scale,
         "rows": rows,
-    }, indent=2) + "\n")
+    }, indent=2)
     print(f"-> {args.out}")
     return 0
 

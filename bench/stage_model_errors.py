@@ -1,5 +1,10 @@
 """How far a real run's stage models are from what their measurements allow.
 
+BENCHMARKS.md, "Stage-model errors". The latest replay, of the runs of the latest
+``bench.real_policies`` series (kept with ``--keep RUNS``):
+
+    .venv/bin/python -m bench.stage_model_errors RUNS/*/*-0[0-4]-* --json bench/results/stage_model_errors_1204eve.json
+
 Replays each run's measurements (``RUN_DIR/profile.jsonl``, in the order the scheduler saw
 them) through a fresh ``controller.estimates.Estimates`` built from the run's own config,
 and prints per stage:
@@ -17,9 +22,9 @@ and prints per stage:
   left above it is learning (cold start, drift), what is in it is the machine's noise or a
   missing feature.
 
-    .venv/bin/python bench/stage_model_errors.py RUN_DIR [RUN_DIR ...] --json OUT.json
+    .venv/bin/python -m bench.stage_model_errors RUN_DIR [RUN_DIR ...] --json OUT.json
 
-(``bench/real_policies.py --keep DIR`` keeps the run directories of a benchmark.)
+(``python -m bench.real_policies --keep DIR`` keeps the run directories of a benchmark.)
 """
 
 from __future__ import annotations

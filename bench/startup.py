@@ -1,26 +1,24 @@
 """Where a short ``bidirl train`` run's time goes, for one or more git revisions, interleaved.
 
-Every end-to-end test and every user's first run pays the same fixed cost: the driver's
-start-up, Ray's, the device workers' (vLLM's import above all) and the shut-down; the
-training loop of a test's run is a second or two of it.  This script runs the same short
-run from each revision in turn (round 1: A, B, ...; round 2: A, B, ...), so that the
-machine's noise falls on every revision alike, and stamps each line the run prints with the
-time since the command started:
+BENCHMARKS.md, "Start-up". The latest comparison (the start-up changes of 2026-12-03):
 
-    .venv/bin/python bench/startup.py --revs HEAD~3 HEAD --rounds 3 --json bench/results/startup.json
+    .venv/bin/python -m bench.startup --revs 06a3a12 b7e9207 --rounds 3 --json bench/results/startup_1203.json
+    .venv/bin/python -m bench.startup --revs 06a3a12 b7e9207 --rounds 3 --policy async \
+        --json bench/results/startup_async_1203.json cluster.prewarm=false
 
-Each revision is checked out once (``git worktree``, detached, removed at the end) and run
-with this checkout's interpreter and ``PYTHONPATH`` at its ``src``.  Prints, per revision,
-the median seconds to each milestone (the prompts measured, the workers up, the first and
-the last step, the exit) and, per round, every revision's total over the first's; writes
-the same and every run's stamps to ``--json``.
+Every end-to-end test and every first run pays the same fixed cost: the driver's start-up,
+Ray's, the device workers' (vLLM's import above all) and the shut-down. This runs the same
+short run from each revision in turn (round 1: A, B, ...; round 2: A, B, ...), so the
+machine's noise falls on every revision alike, each revision checked out once (``git
+worktree``, detached, removed at the end) and run with this interpreter and ``PYTHONPATH``
+at its ``src``. Prints, per revision, the median seconds to each milestone (prompts measured,
+workers up, first and last step, exit) and, per round, each total over the first
+revision's; writes the same and every run's stamps to ``--json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -30,7 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.measure import ROOT, run_env, write_json
+
 SHORT_RUN = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
              "trainer.micro_batch_size=8", "run.steps=3", "run.plot=false", "run.tensorboard=false"]
 """The tests' small shape (``tests/runtime/runtime_cli_helpers.SMALL``), three steps."""
@@ -58,7 +57,7 @@ def milestones(lines: list[tuple[float, str]], exit_s: float) -> dict[str, float
 
 def run_once(src: Path, run_dir: Path, overrides: list[str], timeout: float = 600) -> dict:
     """One short run from ``src``: its stamped lines, milestones and exit status."""
-    env = dict(os.environ, PYTHONPATH=str(src), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
+    env = run_env(PYTHONPATH=str(src))
     cmd = [sys.executable, "-m", "bidirl.cli", "train", "--run-dir", str(run_dir), *SHORT_RUN, *overrides]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=src.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -165,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{summary['median_exit_over_first'][rev]}")
     out = {"revs": {rev: srcs[rev][0] for rev in args.revs}, "rounds": args.rounds, "policy": args.policy,
            "overrides": args.overrides, "short_run": SHORT_RUN, **summary, "runs": runs}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=1))
+    write_json(args.json, out)
     print(f"written to {args.json}")
     return 0 if all(r["returncode"] == 0 for r in runs) else 1
 

@@ -1,12 +1,13 @@
 """How long the timeline PNG takes for 100k intervals (1024 devices, and 8 dense rows).
 
-Draws the seeded synthetic schedules of ``tests/obs/conftest.py`` (the same generator the
-timeline tests use) with ``plot_timeline(..., max_devices=64)`` and reports, per shape,
-the interval count and the best / median wall time over ``--repeats`` runs, with process
-CPU time alongside (the machine may be shared; CPU time is what the plot itself cost).
-Target: under 5 s.  No assertion: this is a measurement, not a test.
+BENCHMARKS.md, "Timeline plot":
 
-    .venv/bin/python bench/timeline_plot.py [--repeats 3] [--json bench/results/timeline_plot.json]
+    .venv/bin/python -m bench.timeline_plot --repeats 3 --json bench/results/timeline_plot.json
+
+Draws the seeded synthetic schedules of ``tests/obs/conftest.py`` (the generator the timeline
+tests use, loaded from that file) with ``plot_timeline(..., max_devices=64)`` and reports, per
+shape, the interval count and the best / median wall time over ``--repeats`` runs, with process
+CPU time beside it. Target: under 5 s. No assertion: a measurement, not a test.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import json
 import os
 import statistics
 import sys
@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.measure import ROOT, write_json
 from bidirl.obs.timeline_plot import plot_timeline
 
-ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {
     "1024-devices": dict(n_rollout=512, n_train=512, wall_s=300.0, mean_s=3.0),
     "dense-rows": dict(n_rollout=4, n_train=4, wall_s=1000.0, mean_s=0.08),
@@ -65,13 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     load_avg = os.getloadavg()
     print(f"load average at the end: {load_avg[0]:.2f} on {os.cpu_count()} cores")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({
+        write_json(args.json, {
             "benchmark": "timeline_plot", "date": datetime.date.today().isoformat(),
-            "command": "bench/timeline_plot.py " + " ".join(argv if argv is not None
-                                                           else sys.argv[1:]),
+            "command": "python -m bench.timeline_plot " + " ".join(argv if argv is not None
+                                                                   else sys.argv[1:]),
             "cpu_count": os.cpu_count(), "load_average_end": load_avg, "rows": rows,
-        }, indent=2) + "\n")
+        }, indent=2)
         print(f"-> {args.json}")
     return 0
 

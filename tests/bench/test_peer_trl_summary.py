@@ -8,13 +8,10 @@ pairs, and a PNG with a validation panel only when a side validated.
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-peer_trl = pytest.importorskip("peer_trl")
+from bench import peer_trl
 
 
 def _side(tps: float, rewards: list[float], vals: list[tuple[int, float]]) -> dict:

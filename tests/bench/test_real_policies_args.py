@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-rp = pytest.importorskip("real_policies")
+from bench import real_policies as rp
 
 
 def _main(monkeypatch, *argv: str) -> int:

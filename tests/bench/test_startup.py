@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-startup = pytest.importorskip("startup")
+from bench import startup
 
 LINES = [(0.7, "[bidirl] warm start: 40 SFT steps"), (4.0, "[bidirl] prompts: 4096 rows, mean 14.5"),
          (20.5, "(DeviceWorker pid=1) WARNING ..."), (24.9, "[bidirl] 2 device workers up in 15.3 s"),

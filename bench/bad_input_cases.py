@@ -12,8 +12,9 @@ with a timeout in a directory of its own, then classified:
 ``wrong``      anything else: exit 0/1 where an error was expected, another status, or
                success without the expected effect.
 
-``bench/bad_inputs.py`` runs every case and prints the table; ``tests/test_bad_inputs.py``
-runs a fast subset.  Cases with ``run=True`` start workers and train (minutes each on two
+``python -m bench.bad_inputs`` runs every case and prints the table (BENCHMARKS.md, "Bad
+inputs"); ``tests/test_bad_inputs.py`` runs a fast subset (``FAST``).  A new case is one more
+``Case`` in ``CASES``.  Cases with ``run=True`` start workers and train (minutes each on two
 cores); every other case fails before any worker starts.
 """
 
@@ -51,7 +52,7 @@ class Case:
     check: Callable[[Path, str], str | None] | None = None
     """For ``ok``: (case directory, stderr) -> what is missing, or None."""
     run: bool = False
-    """Starts workers (only with ``bench/bad_inputs.py --with-runs``)."""
+    """Starts workers (only with ``python -m bench.bad_inputs --with-runs``)."""
     area: str = ""
 
 
