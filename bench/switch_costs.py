@@ -40,6 +40,21 @@ def _samples(n_mb: int, per_mb: int, resp: int):
             for _ in range(n_mb)]
 
 
+def aux_round(ray, trainer, worker, model: str, wire, mbs: list, total: int):
+    """One Trainer-on-RollPool switch on ``worker``: bring up an auxiliary trainer with the
+    primary's weights, compute a chunk beside the primary's, let the primary fetch and apply
+    it, release (parked). Returns (C_in, [C_grad], C_out, the chunk's ref)."""
+    w = trainer.call.remote("train", "weights")
+    version = ray.get(trainer.call.remote("train", "get_version"))
+    c_in = ray.get(worker.host.remote("aux_train", model_dir=model, config=wire, weights=[w], version=version))
+    own = trainer.call.options(num_returns=2).remote("train", "compute_chunk_ref", mbs[:1], total)[0]
+    aux = worker.call.options(num_returns=2).remote("aux_train", "compute_chunk_ref", mbs[1:], total)[0]
+    ray.wait([own, aux], num_returns=2, fetch_local=False)  # the primary pulls the chunk itself
+    _, c_grad = ray.get(trainer.call.remote("train", "apply_refs", [[own, aux]], 1))
+    c_out, _ = ray.get(worker.release.remote("aux_train"))
+    return c_in, c_grad, c_out, aux
+
+
 def tiny_model() -> str:
     from bidirl.algo.tiny_model import build_tiny_model
 
@@ -81,15 +96,7 @@ def one_node(model: str, device: str, rounds: int) -> dict:
         mbs = _samples(2, 8, 32)
         total = sum(len(s["response_ids"]) for mb in mbs for s in mb)
         for r in range(rounds + 1):
-            w = trainer_dev.call.remote("train", "weights")
-            version = ray.get(trainer_dev.call.remote("train", "get_version"))
-            c_in = ray.get(rollout_dev.host.remote("aux_train", model_dir=model, config=wire,
-                                                   weights=[w], version=version))
-            own = trainer_dev.call.options(num_returns=2).remote("train", "compute_chunk_ref", mbs[:1], total)[0]
-            aux = rollout_dev.call.options(num_returns=2).remote("aux_train", "compute_chunk_ref", mbs[1:], total)[0]
-            ray.wait([own, aux], num_returns=2)
-            _, c_grad = ray.get(trainer_dev.call.remote("train", "apply_refs", [[own, aux]], 1))
-            c_out, _ = ray.get(rollout_dev.release.remote("aux_train"))
+            c_in, c_grad, c_out, aux = aux_round(ray, trainer_dev, rollout_dev, model, wire, mbs, total)
             if r == 0:
                 tor["c_in_cold_s"] = c_in
                 chunk = ray.get(aux)
@@ -141,16 +148,8 @@ def across_nodes(address: str, model: str, rounds: int) -> dict:
                 t0 = time.perf_counter()
                 ray.get(w.call.remote("rollout", "update_weights", trainer.call.remote("train", "weights"), r))
                 sync = time.perf_counter() - t0
-                ray.get(w.release.remote("rollout", park=True))
-                weights = trainer.call.remote("train", "weights")
-                version = ray.get(trainer.call.remote("train", "get_version"))
-                a_in = ray.get(w.host.remote("aux_train", model_dir=model, config=wire, weights=[weights],
-                                             version=version))
-                own = trainer.call.options(num_returns=2).remote("train", "compute_chunk_ref", mbs[:1], total)[0]
-                aux = w.call.options(num_returns=2).remote("aux_train", "compute_chunk_ref", mbs[1:], total)[0]
-                ray.wait([own, aux], num_returns=2, fetch_local=False)  # the primary pulls the chunk itself
-                _, c_grad = ray.get(trainer.call.remote("train", "apply_refs", [[own, aux]], 1))
-                ray.get(w.release.remote("aux_train", park=True))
+                ray.get(w.release.remote("rollout"))
+                a_in, c_grad, _, _ = aux_round(ray, trainer, w, model, wire, mbs, total)
                 if r == 0:
                     d["cold"] = {"roll_on_train_c_in_s": c_in, "train_on_roll_c_in_s": a_in}
                     continue
