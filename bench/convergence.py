@@ -8,12 +8,10 @@ BENCHMARKS.md, "Convergence". The latest series, then the report and plots:
     .venv/bin/python -m bench.convergence --policy async-reproducible --seeds S \
         --json bench/results/convergence_reproducible.json trainer.lr=5e-4
 
-Runs ``bidirl train`` (the default: tiny model, warm start, built-in ``reverse`` task, 2 CPU
-devices) per policy and seed, the data order the same for all (``data.seed=0``), and appends
-each run's curves to ``--json`` (resumable: a (policy, seed) already there is skipped).
-``async-reproducible`` is ``async`` with ``scheduler.reproducible=true``: its loop time against
-``async`` is what the mode costs. ``--report``: last-50-step reward and final validation per
-policy, their gap to ``sync``, and the loop seconds to a validation score of ``--target``.
+Runs the default ``bidirl train`` per policy and seed, the data order the same for all, and
+appends each run's curves to ``--json`` (a (policy, seed) already there is skipped).
+``async-reproducible`` is ``async`` with ``scheduler.reproducible=true``. ``--report``: reward and
+validation per policy, their gap to ``sync``, the loop seconds to a validation of ``--target``.
 """
 
 from __future__ import annotations

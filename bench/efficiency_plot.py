@@ -7,13 +7,11 @@ BENCHMARKS.md, "Real workloads: bidirl against async" (its plot):
         bench/results/real_policies_*_1204eve.json \
         --png bench/results/efficiency_pairs_1204eve.png --json bench/results/efficiency_pairs_1204eve.json
 
-Per workload, each pair's ``bidirl`` / ``async`` throughput and ``bidirl``'s efficiency against
-the pair's ideal packing bound, one column of dots per series, the median as a bar, the
-targets dashed (>= 1.20x, >= 1.05x on balanced; efficiency >= 0.9); two more rows split each
-pair's efficiency into its quotient's two factors: ``bidirl`` against the bound of its *own*
-busy device-seconds, and its busy device-seconds over ``async``'s for the same work. Prints
-the medians and writes them to ``--json``. Arguments are ``LABEL=FILE`` or ``FILE`` (labelled
-by the part of its name after the workload: ``real_policies_train-heavy_warm.json`` -> ``warm``).
+Per workload, each pair's ``bidirl`` / ``async`` ratio and efficiency, and the efficiency's two
+factors (``own``: against its own busy time's bound; ``work``: its busy time over async's), one
+column of dots per series, the median as a bar, the targets dashed. Prints and writes the
+medians. ``LABEL=FILE`` or ``FILE`` (labelled by its name after the workload: ``..._warm.json``
+-> ``warm``).
 """
 
 from __future__ import annotations

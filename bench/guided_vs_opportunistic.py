@@ -5,13 +5,10 @@ BENCHMARKS.md, "Guided against opportunistic borrowing":
     .venv/bin/python -m bench.guided_vs_opportunistic             # grid + 30 random, 3 seeds
     .venv/bin/python -m bench.guided_vs_opportunistic --limit 6   # a quick look
 
-The guided policy prices every borrow with its stage models before admitting it; the
-opportunistic one lends whatever is idle. Target: ``bidirl >= 0.99 x bidirl-opportunistic``
-on the mean of 3 seeds, on the 48-point paper grid (half/half split) and the 30 random
-scenarios of ``bench.planner_regret`` (half/half where it fits in memory, else the planner's
-envelope). Every scenario under the target keeps a per-seed trace of both policies
-(admissions, lends, switching, busy fractions, predicted net seconds, step times). Writes
-``bench/results/guided_vs_opportunistic.json``; throughputs are simulated.
+Target: ``bidirl >= 0.99 x bidirl-opportunistic`` on the mean of 3 seeds, on the paper grid
+(half/half split) and the 30 random scenarios of ``bench.planner_regret`` (half/half where it
+fits, else the planner's envelope). A scenario under the target keeps a per-seed trace of both
+policies (admissions, lends, switching, busy fractions, step times).
 """
 
 from __future__ import annotations

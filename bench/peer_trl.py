@@ -9,16 +9,13 @@ BENCHMARKS.md, "Against TRL". The latest series (three rounds, one pair each):
     .venv/bin/python -m bench.peer_trl --model-size large --task reverse_long --lr 5e-4 --steps 30 --val-every 10 \
         --pairs 1 --append --json bench/results/peer_trl_large_long_val.json
 
-Both sides get the same locally built model (``build_tiny_model`` + a 40-step warm start), the
-built-in task's prompts and reward, group size, prompts per step, max new tokens, learning
-rate, clipping, token-mean loss and the machine's 2 cores (bidirl: two one-core devices; TRL:
-2 torch threads). Completion tokens only, over the training loop (TRL ``train()``, bidirl's
-``wall_s``), validation seconds off both clocks. ``--force-length`` masks EOS until the cap on
-both sides (equal work); ``--task reverse_long`` gives answers of tens of tokens; ``--val-every
-K`` validates both greedily on the task's 64 test prompts. Writes ``OUT.json`` and ``OUT.png``
-(reward per step and per second, validation). Needs the ``peers`` extra (``pip install
-bidirl[peers]``); without ``xxhash`` a ``hashlib`` stand-in is registered for ``datasets``.
-``small`` = 2 layers / hidden 128, 32 new tokens; ``large`` = 4 layers / hidden 256, 128.
+Both sides get the same model (``build_tiny_model`` + a 40-step warm start), task, group size,
+prompts per step, max new tokens, learning rate, clipping, token-mean loss and the 2 cores
+(bidirl: two one-core devices; TRL: 2 torch threads); completion tokens of the training loop,
+validation off both clocks. ``--force-length`` masks EOS until the cap on both sides (equal
+work). Writes ``OUT.json`` and ``OUT.png``. Needs the ``peers`` extra; without ``xxhash`` a
+``hashlib`` stand-in is registered for ``datasets``. ``small`` = 2 layers / hidden 128, 32 new
+tokens; ``large`` = 4 layers / hidden 256, 128.
 """
 
 from __future__ import annotations

@@ -8,17 +8,13 @@ BENCHMARKS.md, "Planner regret and speed". The latest run (the grid and the firs
     .venv/bin/python -m bench.planner_regret --quick      # a few minutes
     .venv/bin/python -m bench.planner_regret --speed      # planner time, ``default`` at 256 devices
 
-For every scenario (the 48-point paper grid and ``--random`` seeded random clusters of other
-hardware, models, sizes, lengths and staleness bounds): plan it over the simulated steps;
-simulate ``bidirl`` on every compatible envelope (``--max-envelopes K``: the K best predicted
-plus the best of every split); regret = (best simulated - simulated of the pick) / best, for
-the planner's pick and for ``bidirl plan``'s confirmed pick (the best simulated of the
-envelopes predicted within 5 %, at most ``--confirm K``, on a length seed of its own);
-prediction error = |predicted - simulated| / simulated. On grid scenarios (without
-``--no-gains``) it also separates the two gains: ``async`` and ``bidirl`` on the half/half
-split, ``async`` on its best split, ``bidirl`` on the planner's. Writes ``--out`` and a PNG
-beside it; simulations are cached in ``--cache``, keyed by a hash of the simulator's code
-(the packages a simulated run executes), so a run resumes and a planner-only change re-scores.
+Per scenario (the paper grid and ``--random`` seeded random clusters): plan it; simulate
+``bidirl`` on every compatible envelope (``--max-envelopes K``: the K best plus the best of every
+split); regret = (best simulated - the pick's) / best, for the planner's pick and ``bidirl
+plan``'s confirmed pick (``--confirm K``); prediction error. Without ``--no-gains`` grid scenarios
+also separate the two gains (async and bidirl on the half split, async on its best, bidirl on the
+planner's). Simulations are cached in ``--cache``, keyed by a hash of the simulator's code, so a
+run resumes and a planner-only change re-scores.
 """
 
 from __future__ import annotations

@@ -5,15 +5,11 @@ BENCHMARKS.md, "Real workloads: bidirl against async". The latest series, per wo
     .venv/bin/python -m bench.real_policies --workload W --pairs 5 --keep RUNS/W \
         --json bench/results/real_policies_W_1204eve.json
 
-Each workload runs as interleaved pairs of ``bidirl train`` (async, bidirl, then bidirl,
-async, ...) with the same config and seed; on a shared machine what counts is the ratio
-within a pair. Per run it records trained tokens/s, the ideal packing bound (the pair's
-``async`` busy device-seconds packed on all devices), efficiency, idle, borrows, stage-model
-errors, reclaim latency against one step + C_out, the audit, the CPU share the host stole,
-and the simulator's prediction from the run's own ``scenario.yaml``. ``--append`` adds pairs
-to an existing ``--json`` of the same workload and steps; ``--steps N`` changes the run length.
-Workloads (``WORKLOADS``): a 4-layer / hidden-256 model with random weights, 8 prompts x 8
-responses a step, 1 rollout + 1 training device, staleness 1, no validation.
+Interleaved pairs of ``bidirl train`` (async, bidirl, then bidirl, async, ...), same config and
+seed. Per run: tokens/s, the ideal packing bound (the pair's ``async`` busy device-seconds packed
+on all devices), efficiency, idle, borrows, stage-model errors, reclaim latency, the audit, the
+host's steal, and the simulator's prediction from the run's ``scenario.yaml``. ``--append`` adds
+pairs to an existing ``--json`` of the same workload and steps; ``--steps N`` sets the length.
 """
 
 from __future__ import annotations

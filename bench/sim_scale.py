@@ -5,16 +5,12 @@ BENCHMARKS.md, "Simulator scale and decision latency":
     .venv/bin/python -m bench.sim_scale                 # ~6 minutes (3 repeats)
     .venv/bin/python -m bench.sim_scale --repeats 1 --steps 20 --no-trace   # a quick look
 
-Every figure comes from spawning ``bidirl simulate ... --json OUT`` (the console script next
-to this Python, else ``python -m bidirl.cli``), start-up and file writing included.
-1. Scale: ``scale-1024`` (1024 H100s, 512 rollout replicas, 1024 prompts x 16 responses, 200
-   steps) for ``async``, ``bidirl`` and ``bidirl --trace``, ``--repeats`` times each,
-   interleaved. Per run: wall time, the child's CPU time and peak memory (``os.wait4``) and
-   the event loop's own time (``extra.sim_seconds``). Target: under 30 s wall without ``--trace``.
-2. Decision latency: the controller's time per event (observe, policy, commit), p50 / p99 /
-   p99.9 / max, wall and thread CPU time, on three small built-in scenarios and on
-   ``scale-1024``, read from the ``--json`` the command wrote. Target: p99 under 1 ms.
-Writes ``bench/results/sim_scale.json`` (``--json OUT`` elsewhere); no assertion on timings.
+Every figure comes from spawning ``bidirl simulate ... --json OUT``, start-up included.
+Scale: ``scale-1024`` (1024 H100s, 200 steps) for ``async``, ``bidirl`` and ``bidirl --trace``,
+``--repeats`` times each, interleaved: wall, the child's CPU time and peak memory (``os.wait4``),
+the event loop's own time; target under 30 s without ``--trace``. Decision latency: the
+controller's time per event, p50 / p99 / p99.9 / max, wall and thread CPU, on three small
+scenarios and ``scale-1024``; target p99 under 1 ms. No assertion on timings.
 """
 
 from __future__ import annotations

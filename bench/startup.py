@@ -6,14 +6,11 @@ BENCHMARKS.md, "Start-up". The latest comparison (the start-up changes of 2026-1
     .venv/bin/python -m bench.startup --revs 06a3a12 b7e9207 --rounds 3 --policy async \
         --json bench/results/startup_async_1203.json cluster.prewarm=false
 
-Every end-to-end test and every first run pays the same fixed cost: the driver's start-up,
-Ray's, the device workers' (vLLM's import above all) and the shut-down. This runs the same
-short run from each revision in turn (round 1: A, B, ...; round 2: A, B, ...), so the
-machine's noise falls on every revision alike, each revision checked out once (``git
-worktree``, detached, removed at the end) and run with this interpreter and ``PYTHONPATH``
-at its ``src``. Prints, per revision, the median seconds to each milestone (prompts measured,
-workers up, first and last step, exit) and, per round, each total over the first
-revision's; writes the same and every run's stamps to ``--json``.
+The same short run from each revision in turn (round 1: A, B, ...; round 2: A, B, ...), so the
+machine's noise falls on all alike; each revision is a detached ``git worktree`` run with this
+interpreter and ``PYTHONPATH`` at its ``src``. Prints the median seconds to each milestone
+(prompts measured, workers up, first and last step, exit) and, per round, each total over the
+first revision's; writes them and every run's stamps to ``--json``.
 """
 
 from __future__ import annotations
