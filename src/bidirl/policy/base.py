@@ -7,6 +7,7 @@ so a policy always reads the state as it will be after its earlier actions.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Iterator, Sequence
 
 from bidirl.controller.actions import PRIMARY, Action, Chunk, MicroBatch, Reclaim, StartTrainStep
@@ -86,8 +87,6 @@ def policy_names() -> list[str]:
 
 
 def _load_all() -> None:
-    import importlib
-
     for m in _MODULES:
         importlib.import_module(f"bidirl.policy.{m}")
 
