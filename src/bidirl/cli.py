@@ -1,7 +1,9 @@
 """The ``bidirl`` command: simulate, plan, train, export and make-model.
 
-Each subcommand lives in a small function; heavy imports (torch, vLLM, Ray, matplotlib)
-happen only inside the subcommand that needs them, so ``bidirl simulate`` starts fast.
+Each subcommand lives in a small function.  What every command may need is imported
+here (the simulator, the planner, the typed config, the model shapes: none of them loads
+torch, vLLM or Ray); heavy imports (torch, vLLM, Ray, matplotlib) happen only inside the
+subcommand that needs them, so ``bidirl simulate`` starts fast (a test keeps it so).
 Expected failures (a bad scenario or config, a missing file) print one line naming the
 field and exit with status 2; a traceback means a bug.  ``bidirl train`` stopped by SIGINT
 or SIGTERM stops at a step boundary with a checkpoint and exits 130 / 143
@@ -12,17 +14,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from bidirl.algo.data import DataError
+from bidirl.engines.trainer_config import NonFiniteError
+from bidirl.models.make import ARCHS, make_model, shape_of
+from bidirl.obs.trace import write_chrome_trace
+from bidirl.planner import plan as planner
+from bidirl.planner.plan import PlanError
 from bidirl.policy import policy_names
-
-# ``bidirl.sim.confirm.DEFAULT_K``, spelled here so that building the parser (for every
-# command, ``train`` included) does not import the planner and the simulator; a test
-# keeps the two equal
-DEFAULT_CONFIRM = 8
+from bidirl.runtime.checkpoints import export_model
+from bidirl.runtime.config import ConfigError, help_text
+from bidirl.runtime.placement import NodeLost
+from bidirl.sim import grid
+from bidirl.sim import scenario as scn
+from bidirl.sim.confirm import DEFAULT_K, confirm
+from bidirl.sim.run import simulate
+from bidirl.sim.scenario import ScenarioError
 
 
 class UserError(Exception):
@@ -100,16 +113,11 @@ def _progress(done: int, total: int, what: str) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from bidirl.sim import scenario as scn
-
     _check_outputs(args, "--json", "--trace", "--plot")
     if args.grid:
         return _simulate_grid(args)
     sc = scn.load(args.scenario)
     if args.plan == "auto":
-        from bidirl.planner import plan as planner
-        from bidirl.sim.confirm import confirm
-
         chosen = planner.plan(sc, steps=args.steps)  # predicted over the steps that run
         chosen = confirm(sc, chosen, k=args.confirm, progress=_confirm_progress)
         sc = planner.scenario_with_envelope(sc, chosen.envelope)
@@ -117,8 +125,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                if chosen.confirmed else "")
         print(f"planner envelope: {chosen.envelope.label()} (predicted "
               f"{chosen.predicted_tokens_per_s:,.0f} tokens/s{how})", file=sys.stderr)
-    from bidirl.sim.run import simulate
-
     # Only the trace and the plot need every device interval (about 680,000 at scale-1024,
     # which roughly doubles the run); the summary and --json use what the recorder tallies
     # as intervals close (pool seconds, busy fractions, the streaming trace sha256).
@@ -132,14 +138,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, result.to_json())
     if args.trace:
-        from bidirl.obs.trace import write_chrome_trace
-
         with _output("--trace", args.trace):
             sha = write_chrome_trace(result.intervals, args.trace, process_name=f"bidirl sim {sc.name}")
         print(f"  trace   -> {args.trace} (sha256 {sha[:16]}...; "
               "open in ui.perfetto.dev or chrome://tracing)")
     if args.plot:
-        from bidirl.obs.timeline_plot import plot_timeline
+        from bidirl.obs.timeline_plot import plot_timeline  # lazy: pulls in matplotlib
 
         with _output("--plot", args.plot):
             plot_timeline(result.intervals, args.plot,
@@ -149,8 +153,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulate_grid(args: argparse.Namespace) -> int:
-    from bidirl.sim import grid
-
     if args.grid != "paper":
         raise UserError(f"--grid: unknown grid {args.grid!r}; allowed: paper")
     scenarios = grid.paper_grid(steps=args.steps or 12, seed=args.seed or 0)
@@ -181,10 +183,6 @@ def _confirm_progress(i: int, n: int, row: dict) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from bidirl.planner import plan as planner
-    from bidirl.sim import scenario as scn
-    from bidirl.sim.confirm import confirm
-
     _check_outputs(args, "--json")
     sc = scn.load(args.scenario)
     result = confirm(sc, planner.plan(sc, top_k=args.top), k=args.confirm,
@@ -197,25 +195,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     try:
-        from bidirl.runtime.train import main as train_main
+        from bidirl.runtime.train import main as train_main  # lazy: pulls in torch, vLLM and Ray
     except ImportError as e:  # the runtime extras are not installed
         raise UserError(f"bidirl train needs the runtime extras (torch, vllm, ray): {e}") from e
     return train_main(args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from bidirl.runtime.checkpoints import export_model
-
     src = export_model(Path(args.run_dir), Path(args.out), args.step)
     print(f"[bidirl] exported {src} -> {args.out}", file=sys.stderr)
     return 0
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
-    try:
-        from bidirl.models.make import make_model, shape_of
-    except ImportError as e:
-        raise UserError(f"bidirl make-model needs torch and transformers: {e}") from e
     fields = {"hidden_size": args.hidden, "intermediate_size": args.intermediate, "num_hidden_layers": args.layers,
               "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads, "head_dim": args.head_dim,
               "vocab_size": args.vocab, "max_position_embeddings": args.max_position_embeddings}
@@ -225,6 +217,8 @@ def cmd_make_model(args: argparse.Namespace) -> int:
         out = make_model(args.out, args.arch, small=args.small, seed=args.seed, dtype=args.dtype, **fields)
     except (ValueError, FileExistsError) as e:
         raise UserError(str(e)) from None
+    except ImportError as e:  # make_model imports torch and transformers when it runs
+        raise UserError(f"bidirl make-model needs torch and transformers: {e}") from e
     print(f"[bidirl] {args.arch}-shaped model (random weights) -> {out}: hidden {shape.hidden_size}, "
           f"{shape.num_hidden_layers} layers, {shape.num_attention_heads}/{shape.num_key_value_heads} heads of "
           f"{shape.head_dim}, tied embeddings {str(shape.tie_word_embeddings).lower()}", file=sys.stderr)
@@ -248,9 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", help="write a timeline PNG here (records every device interval)")
     s.add_argument("--plan", choices=("fixed", "auto"), default="fixed",
                    help="auto: run on the planner's envelope instead of the scenario's split")
-    s.add_argument("--confirm", type=_count(0), default=DEFAULT_CONFIRM, metavar="K",
+    s.add_argument("--confirm", type=_count(0), default=DEFAULT_K, metavar="K",
                    help="with --plan auto: simulate up to K of the envelopes the planner predicts within "
-                   f"5%% of its best and run on the best simulated (default {DEFAULT_CONFIRM}; 0 or 1: the "
+                   f"5%% of its best and run on the best simulated (default {DEFAULT_K}; 0 or 1: the "
                    "planner's pick as is)")
     s.add_argument("--allow-oversubscribe", action="store_true",
                    help="run a split whose rollout replica or trainer does not fit in device memory "
@@ -263,13 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="choose a resource envelope for a scenario")
     pl.add_argument("--scenario", default="default")
     pl.add_argument("--top", type=_count(1), default=5, help="how many envelopes to list (>= 1)")
-    pl.add_argument("--confirm", type=_count(0), default=DEFAULT_CONFIRM, metavar="K",
+    pl.add_argument("--confirm", type=_count(0), default=DEFAULT_K, metavar="K",
                     help="simulate up to K of the envelopes predicted within 5%% of the best and pick "
-                    f"the best simulated (default {DEFAULT_CONFIRM}; 0 or 1: the planner's prediction alone)")
+                    f"the best simulated (default {DEFAULT_K}; 0 or 1: the planner's prediction alone)")
     pl.add_argument("--json")
     pl.set_defaults(func=cmd_plan)
-
-    from bidirl.runtime.config import help_text  # torch-free: only the typed config
 
     t = sub.add_parser("train", help="run GRPO for real (default: tiny model on local CPU)",
                        epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -291,8 +283,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("out", help="a new (or empty) directory to write")
     e.add_argument("--step", type=_count(0), help="the checkpoint's step (default: the newest complete one)")
     e.set_defaults(func=cmd_export)
-
-    from bidirl.models.make import ARCHS  # torch-free
 
     m = sub.add_parser("make-model", help="write a model directory of a real architecture with random weights",
                        description="Write a Hugging Face model directory of a real architecture (its config, "
@@ -317,20 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    """Exceptions that mean "your input is wrong" (or, ``NodeLost``, that the run cannot go on
-    where it is): reported in one line, exit status 2."""
-    from bidirl.sim.scenario import ScenarioError
-
-    errors: list[type[Exception]] = [UserError, ScenarioError, FileNotFoundError]
-    for mod, name in (("bidirl.runtime.config", "ConfigError"), ("bidirl.algo.data", "DataError"),
-                      ("bidirl.planner.plan", "PlanError"), ("bidirl.engines.trainer_config", "NonFiniteError"),
-                      ("bidirl.runtime.placement", "NodeLost")):
-        try:
-            errors.append(getattr(__import__(mod, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errors)
+# Exceptions that mean "your input is wrong" (or, ``NodeLost``, that the run cannot go on
+# where it is): reported in one line, exit status 2.
+USER_ERRORS: tuple[type[Exception], ...] = (
+    UserError, ScenarioError, FileNotFoundError, ConfigError, DataError, PlanError, NonFiniteError, NodeLost)
 
 
 def _message(e: Exception) -> str:
@@ -350,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except _user_errors() as e:
+    except USER_ERRORS as e:
         print(f"bidirl {args.command}: error: {_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -370,9 +350,6 @@ def run() -> None:
     argv = sys.argv[1:]
     code = main(argv)
     if argv[:1] == ["train"]:
-        import logging
-        import os
-
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

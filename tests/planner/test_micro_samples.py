@@ -35,17 +35,17 @@ def test_the_controller_spec_carries_the_cap(make_scenario):
 
 
 def test_simulated_steps_respect_the_cap(make_scenario, monkeypatch):
-    import bidirl.sim.runtime as sim_runtime
+    import bidirl.sim.trainer as sim_trainer
     from bidirl.sim.run import simulate
 
     seen = []
-    original = sim_runtime.plan_step
+    original = sim_trainer.plan_step
 
     def spy(a, *args, **kw):
         seen.append([mb.samples for mb in a.micro_batches])
         return original(a, *args, **kw)
 
-    monkeypatch.setattr(sim_runtime, "plan_step", spy)
+    monkeypatch.setattr(sim_trainer, "plan_step", spy)
     sc = make_scenario(devices=8, max_len=512, prompt_tokens=64, prompts_per_step=8, group_size=4, steps=3)
     simulate(_with_cap(sc, 3), "bidirl")
     assert seen and all(max(s) <= 3 for s in seen)

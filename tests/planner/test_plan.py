@@ -165,8 +165,7 @@ def test_fill_waits_for_lent_units_only_when_batch_zero_spills_onto_them(make_sc
     it does not fit in the primaries' group slots."""
     import dataclasses
 
-    from bidirl.planner import predict as pm
-    from bidirl.planner import stages
+    from bidirl.planner import closed_form, stages
 
     sc = make_scenario(devices=32, model="Qwen3-4B", staleness=1, max_len=16384)
     ctx = PlanContext.from_scenario(sc, steps=8)
@@ -175,12 +174,12 @@ def test_fill_waits_for_lent_units_only_when_batch_zero_spills_onto_them(make_sc
         env = evaluate(ctx, Envelope(key[0], 32 - key[0], key[1], key[2], key[3])).envelope
         m = stages._model(ctx, env)
         assert stages._feedable(m, env, ctx.staleness) > 0
-        st = pm._solve(m, env, ctx.staleness, "roll_on_train")
+        st = closed_form.solve(m, env, ctx.staleness, "roll_on_train")
         slower = dataclasses.replace(m, c_roll_in=m.c_roll_in + 10.0)
-        walls = [pm._wall(x, env, st, "roll_on_train", 8, ctx.staleness) for x in (m, slower)]
+        walls = [closed_form.run_wall_s(x, env, st, "roll_on_train", 8, ctx.staleness) for x in (m, slower)]
         spills = ctx.prompts_per_step > env.rollout_replicas * m.group_slots
         assert walls[1] - walls[0] == pytest.approx(10.0 if spills else 0.0)
-        assert pm._wall(m, env, st, "none", 8, ctx.staleness) == pm._wall(
+        assert closed_form.run_wall_s(m, env, st, "none", 8, ctx.staleness) == closed_form.run_wall_s(
             slower, env, st, "none", 8, ctx.staleness)
         seen.add(spills)
     assert seen == {True, False}

@@ -1,14 +1,15 @@
 """The closed form's period equation: the bracketed bisection returns what the plain one
-does, bit for bit, whatever the guess it starts from (``predict._solve``)."""
+does, bit for bit, whatever the guess it starts from (``closed_form.solve``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from bidirl.planner.closed_form import solve
 from bidirl.planner.context import PlanContext
 from bidirl.planner.plan import plan
-from bidirl.planner.predict import OPTIONS, _solve
+from bidirl.planner.predict import OPTIONS
 from bidirl.planner.residual import Residual
 from bidirl.planner.stages import _model
 
@@ -21,10 +22,10 @@ def test_a_guess_changes_the_evaluations_not_the_period(make_scenario, staleness
         env = cand.envelope
         m = _model(ctx, env)
         for option in OPTIONS:
-            plain = _solve(m, env, staleness, option)
-            held = _solve(m, env, staleness, option, screen=True)
+            plain = solve(m, env, staleness, option)
+            held = solve(m, env, staleness, option, screen=True)
             for guess in (held.period, plain.period, plain.period * 1.3, plain.period * 0.6, 1e-3, 1e12):
-                assert _solve(m, env, staleness, option, guess=guess) == plain
+                assert solve(m, env, staleness, option, guess=guess) == plain
 
 
 def test_the_plan_is_the_same_with_the_solves_cached(make_scenario):

@@ -99,11 +99,11 @@ def test_reprefill_after_a_weight_update_the_step_overhead_and_the_startup_cost_
 def test_prefill_per_response_is_one_burst_of_every_responses_prompt(monkeypatch):
     """bidirl's runtime (vLLM, prefix caching off): a replica given groups prefills every
     response's prompt, all at once; the measurement is per burst, as the real one is."""
-    from bidirl.sim import runtime as sim_runtime
+    from bidirl.sim.rollout import StageSamples
 
     seen = []
-    real = sim_runtime._StageSamples.add_prefill
-    monkeypatch.setattr(sim_runtime._StageSamples, "add_prefill",
+    real = StageSamples.add_prefill
+    monkeypatch.setattr(StageSamples, "add_prefill",
                         lambda self, u, groups, tokens, seconds: (seen.append((groups, tokens, seconds)),
                                                                   real(self, u, groups, tokens, seconds)))
     data = {**CALIBRATED, "calibration": {**CALIBRATED["calibration"], "prefill_per_response": True}}

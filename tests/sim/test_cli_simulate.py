@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
+from bidirl import cli
 from bidirl.cli import main
 from bidirl.sim import grid
 from bidirl.sim.scenario import builtin_names
@@ -156,17 +159,25 @@ def test_json_without_trace_has_the_figures_of_a_run_with_trace(tmp_path, capsys
 
 def test_json_only_run_keeps_no_intervals(monkeypatch, tmp_path):
     """The CLI asks the simulator for intervals only when --trace or --plot needs them."""
-    import bidirl.sim.run as run
-
     asked = []
-    real = run.simulate
+    real = cli.simulate
 
     def spy(*args, **kwargs):
         asked.append(kwargs["record_intervals"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(run, "simulate", spy)
+    monkeypatch.setattr(cli, "simulate", spy)
     base = ["simulate", "--scenario", "tiny-cpu", "--steps", "2"]
     assert main([*base, "--json", str(tmp_path / "r.json")]) == 0
     assert main([*base, "--trace", str(tmp_path / "t.json")]) == 0
     assert asked == [False, True]
+
+
+def test_simulate_and_plan_load_no_heavy_stack():
+    """``bidirl simulate`` and ``bidirl plan`` (and ``--help``) load neither torch, vLLM, Ray,
+    transformers nor matplotlib: those wait inside the subcommands that need them."""
+    code = ("import sys, bidirl.cli; bidirl.cli.build_parser().parse_args(['simulate']); "
+            "print(','.join(m for m in ('torch', 'vllm', 'ray', 'transformers', 'matplotlib') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -131,7 +131,9 @@ def test_a_negative_confirm_is_a_usage_error(capsys):
 
 
 def test_the_parsers_default_is_the_modules():
-    assert cli.DEFAULT_CONFIRM == confirm_mod.DEFAULT_K
+    parser = cli.build_parser()
+    assert parser.parse_args(["plan"]).confirm == confirm_mod.DEFAULT_K
+    assert parser.parse_args(["simulate"]).confirm == confirm_mod.DEFAULT_K
 
 
 def test_an_envelope_the_simulator_refuses_is_reported_and_not_picked(planned):

@@ -1,6 +1,6 @@
 """The pipeline recurrence: batch-by-batch expected timeline of an envelope.
 
-The steady-state closed forms of ``predict`` assume a period that repeats; a short run
+The steady-state closed forms of ``closed_form`` assume a period that repeats; a short run
 with a staleness bound of 2-4 never gets there (``s + 1`` batches are admitted together
 at the start, finish together, and the steps alternate long and short).  This module
 follows the pipeline step by step instead, with expected values only: no response is

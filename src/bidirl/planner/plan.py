@@ -6,7 +6,8 @@
       for rollout_tp | R, train_tp | g-R:    layouts (powers of two <= a node, | heads)
         envelope = (R, g-R, rollout_tp, dp=(g-R)/train_tp, train_tp)
         check_envelope -> sized envelope | Rejection(reason)     (planner.compat)
-        predict        -> tokens/s over the run's steps          (planner.predict,
+        predict        -> tokens/s over the run's steps          (planner.predict:
+                                                                  planner.closed_form,
                                                                   planner.pipeline)
     return the best, the top K, and every rejection with its reason
 

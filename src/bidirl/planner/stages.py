@@ -2,10 +2,10 @@
 
 ``_model(ctx, env)`` resolves an envelope's stage-time models, lengths and switch costs
 into constants once (``_Model``).  The helpers are the pieces the closed form
-(``predict``) and the recurrence (``pipeline``, which ``predict`` hands ``_Model`` and
+(``closed_form``) and the recurrence (``pipeline``, which ``predict`` hands ``_Model`` and
 ``_aux_theta``) are built from: the running sequences at a period (Little's law), the
 saturated rollout period, a batch's wait for group slots and its long tail, the units a
-lend can feed, and the step with auxiliary trainers.  Notation as in ``predict``.
+lend can feed, and the step with auxiliary trainers.  Notation as in ``closed_form``.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ modules: ``admission`` (benefit vs switch cost), ``split`` (capacity-proportiona
 split with startup drain), ``batching`` (micro-batches in group-id order), ``assign``
 (keeping replicas full).  Construct one by name with ``make_policy``; ``policy_names()`` is the only list of
 names (everything else, the simulator's ``POLICIES``, the CLI's choices and the train
-config's check, derives from it).
+config's check, derives from it); ``policy_max_staleness(name)`` is the version gap a policy
+keeps whatever its bound (the train config's check in reproducible mode).
 """
 
-from bidirl.policy.base import Policy, make_policy, policy_class, policy_names
+from bidirl.policy.base import Policy, make_policy, policy_class, policy_max_staleness, policy_names
 
-__all__ = ["Policy", "make_policy", "policy_class", "policy_names"]
+__all__ = ["Policy", "make_policy", "policy_class", "policy_max_staleness", "policy_names"]

@@ -17,13 +17,12 @@ from collections.abc import Iterator
 
 from bidirl.controller.actions import AssignGroups
 from bidirl.controller.state import ClusterState
+from bidirl.policy import reproducible
 
 
 def fill_replicas(s: ClusterState, limit_batch: int) -> Iterator[AssignGroups]:
     """Assign groups of batches <= ``limit_batch`` (and within staleness) to free replicas."""
     if s.spec.reproducible:  # units at different versions: each group to one at its batch's
-        from bidirl.policy import reproducible
-
         plan = reproducible.plan_fill(s, limit_batch)
     else:
         plan = s.plan_fill(limit_batch)

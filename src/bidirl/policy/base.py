@@ -7,6 +7,7 @@ so a policy always reads the state as it will be after its earlier actions.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Iterator, Sequence
 
 from bidirl.controller.actions import PRIMARY, Action, Chunk, MicroBatch, Reclaim, StartTrainStep
@@ -29,11 +30,16 @@ class Policy:
     ``lends_train_devices`` / ``lends_rollout_devices`` say which pool's devices the
     policy may lend to the other role; the runtime prewarms those roles (one warm start
     per lendable device) and tests use them instead of lists of names.
+
+    ``max_staleness`` is the most version gap the policy keeps whatever bound it is given
+    (``None``: the bound itself).  Reproducible mode generates batch ``b`` at version
+    ``b - staleness``, so the train config refuses a bound above it there.
     """
 
     name = "base"
     lends_train_devices = False
     lends_rollout_devices = False
+    max_staleness: int | None = None
 
     def decide(self, s: ClusterState, event: Event) -> Iterator[Action]:
         raise NotImplementedError
@@ -64,6 +70,11 @@ def make_policy(name: str) -> Policy:
     return policy_class(name)()
 
 
+def policy_max_staleness(name: str) -> int | None:
+    """``Policy.max_staleness`` of the policy called ``name``."""
+    return policy_class(name).max_staleness
+
+
 def policy_names() -> list[str]:
     """Registered names, in the order of the paper's comparison table (``_MODULES``)."""
     _load_all()
@@ -76,8 +87,6 @@ def policy_names() -> list[str]:
 
 
 def _load_all() -> None:
-    import importlib
-
     for m in _MODULES:
         importlib.import_module(f"bidirl.policy.{m}")
 

@@ -15,6 +15,8 @@ from bidirl.policy.base import register
 
 @register("one-step-off")
 class OneStepOffPolicy(AsyncPolicy):
+    max_staleness = 1  # batch b starts once batch b-1 is generated, on version >= b-1
+
     def limit_batch(self, s: ClusterState) -> int:
         first_incomplete = s.next_step
         while s.queue.batch_ready(first_incomplete):

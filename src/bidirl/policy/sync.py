@@ -28,6 +28,7 @@ from bidirl.policy.split import AuxExecutor
 class SyncPolicy(Policy):
     lends_train_devices = True
     lends_rollout_devices = True
+    max_staleness = 0  # a group starts only on the newest weights
 
     def decide(self, s: ClusterState, event: Event) -> Iterator[Action]:
         if s.phase is not Phase.IDLE or s.finished:

@@ -18,7 +18,7 @@ import yaml
 
 from bidirl.core.typed_config import as_dict, build, format_fields, option, section, set_path, yaml_error
 from bidirl.engines.trainer_config import TrainerConfig
-from bidirl.policy import policy_names
+from bidirl.policy import policy_max_staleness, policy_names
 
 __all__ = ["ConfigError", "TrainConfig", "TrainerConfig", "VERL_ALIASES", "load_config", "help_text"]
 
@@ -168,7 +168,7 @@ def _check(c: TrainConfig) -> TrainConfig:
             need(f.endswith((".parquet", ".jsonl", ".json")), f"data.{key}[{i}]",
                  "a .parquet or .jsonl file", f)
     # Reproducible mode generates batch b at max(0, b - staleness): the bound the policy itself keeps.
-    most = {"sync": 0, "one-step-off": 1}.get(c.scheduler.policy)
+    most = policy_max_staleness(c.scheduler.policy)
     need(not (c.scheduler.reproducible and most is not None and c.scheduler.staleness > most),
          "scheduler.staleness", f"at most {most} with scheduler.policy={c.scheduler.policy} and "
          "scheduler.reproducible=true (the version gap that policy keeps)", c.scheduler.staleness)

@@ -32,6 +32,7 @@ from dataclasses import replace
 
 from bidirl.planner.envelope import Envelope, scenario_with_envelope
 from bidirl.planner.plan import PlanResult
+from bidirl.sim.run import simulate
 from bidirl.sim.scenario import Scenario, ScenarioError
 
 __all__ = ["DEFAULT_K", "CONFIRM_BAND", "CONFIRM_STEPS", "CONFIRM_SEED_OFFSET", "confirm",
@@ -47,8 +48,6 @@ Runner = Callable[[Scenario, Envelope, int, int], float]  # (scenario, envelope,
 
 def simulate_envelope(sc: Scenario, env: Envelope, steps: int, seed: int) -> float:
     """Simulated ``bidirl`` tokens/s of ``sc`` on ``env`` (the default runner)."""
-    from bidirl.sim.run import simulate
-
     res = simulate(scenario_with_envelope(sc, env), "bidirl", steps=steps, seed=seed,
                    record_intervals=False)
     return res.throughput_tokens_per_s

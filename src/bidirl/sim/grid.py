@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from bidirl.sim.result import POLICIES, SimResult
+from bidirl.sim.run import simulate as simulate_one
 from bidirl.sim.scenario import Pools, ResponseLength, Scenario, TrainLayout, Workload
 
 GRID_AXES = {
@@ -64,10 +65,8 @@ class GridRow:
 
 
 def run_grid(scenarios: Iterable[Scenario], policies: Iterable[str] = POLICIES,
-             simulate: Callable[..., SimResult] | None = None,
+             simulate: Callable[..., SimResult] = simulate_one,
              progress: Callable[[int, int, str], None] | None = None) -> list[GridRow]:
-    if simulate is None:
-        from bidirl.sim.run import simulate
     scenarios, policies = list(scenarios), list(policies)
     rows, total, done = [], len(scenarios) * len(policies), 0
     for sc in scenarios:

@@ -127,16 +127,16 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
     s, spec = controller.state, rt.spec
     wall = rt.wall_s
     audit = s.groups.audit(spec.staleness, through_batch=spec.steps - 1)
-    ideal_wall = (_ideal_rollout_s(rt) + rt.trained.device_s) / spec.devices
-    throughput = rt.trained.tokens / wall
-    ideal = rt.trained.tokens / ideal_wall if ideal_wall > 0 else 0.0
+    ideal_wall = (_ideal_rollout_s(rt) + rt.trainer.trained.device_s) / spec.devices
+    throughput = rt.trainer.trained.tokens / wall
+    ideal = rt.trainer.trained.tokens / ideal_wall if ideal_wall > 0 else 0.0
     attainable_wall = max(ideal_wall, critical_path_s(rt))
-    attainable = rt.trained.tokens / attainable_wall if attainable_wall > 0 else 0.0
-    ends = [0.0] + rt.trained.step_ends
+    attainable = rt.trainer.trained.tokens / attainable_wall if attainable_wall > 0 else 0.0
+    ends = [0.0] + rt.trainer.trained.step_ends
     pools = pool_figures(rec.tally)
     return RunResult(
         policy=policy, scenario=sc.name, steps=spec.steps, wall_s=wall,
-        tokens_trained=rt.trained.tokens, throughput_tokens_per_s=throughput,
+        tokens_trained=rt.trainer.trained.tokens, throughput_tokens_per_s=throughput,
         mean_step_time_s=wall / spec.steps,
         pool_busy_fraction=pools["pool_busy_fraction"], switch_time_s=pools["switch_time_s"],
         borrows={"roll_on_train": rt.hosting.lends["roll_on_train"],
@@ -183,7 +183,7 @@ def critical_path_s(rt: SimRuntime) -> float:
     a, c, k = truth.rollout.decode.theta
     prompt = spec.prompt_tokens
     prefill = truth.rollout.prefill_s(prompt)
-    train = rt.trained.device_s / spec.steps / spec.devices + truth.step_overhead_s
+    train = rt.trainer.trained.device_s / spec.steps / spec.devices + truth.step_overhead_s
     ends: list[float] = []
     for b in range(spec.steps):
         longest = float(rt.lengths.draw_batch(b).max())
