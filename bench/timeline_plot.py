@@ -4,8 +4,8 @@ BENCHMARKS.md, "Timeline plot":
 
     .venv/bin/python -m bench.timeline_plot --repeats 3 --json bench/results/timeline_plot.json
 
-Draws the seeded synthetic schedules of ``tests/obs/conftest.py`` (the generator the timeline
-tests use, loaded from that file) with ``plot_timeline(..., max_devices=64)`` and reports, per
+Draws the seeded synthetic schedules of ``bench/schedules.py`` (the generator the timeline
+tests use too) with ``plot_timeline(..., max_devices=64)`` and reports, per
 shape, the interval count and the best / median wall time over ``--repeats`` runs, with process
 CPU time beside it. Target: under 5 s. No assertion: a measurement, not a test.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import os
 import statistics
 import sys
@@ -22,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.measure import ROOT, write_json
+from bench.measure import write_json
+from bench.schedules import make_schedule
 from bidirl.obs.timeline_plot import plot_timeline
 
 SHAPES = {
@@ -31,19 +31,11 @@ SHAPES = {
 }
 
 
-def _make_schedule():
-    spec = importlib.util.spec_from_file_location("obs_schedules", ROOT / "tests/obs/conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_schedule
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON to OUT")
     args = ap.parse_args(argv)
-    make_schedule = _make_schedule()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, shape in SHAPES.items():
