@@ -62,7 +62,7 @@ def main() -> int:
     a = ap.parse_args()
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("needs 2 cores")
-    from bidirl.algo.tiny_model import build_tiny_model
+    from bidirl.models.tiny import build_tiny_model
 
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bidirl-cc-") as tmp:

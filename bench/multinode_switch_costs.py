@@ -112,7 +112,7 @@ def main() -> int:
         print("RESULT " + json.dumps(measure(args.inner, args.model, args.rounds)))
         return 0
 
-    from bidirl.algo.tiny_model import build_tiny_model
+    from bidirl.models.tiny import build_tiny_model
     from bidirl.runtime.netns_cluster import NetnsCluster, unavailable
 
     why = unavailable()

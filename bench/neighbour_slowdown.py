@@ -146,7 +146,7 @@ def main() -> int:
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("needs 2 cores")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from bidirl.algo.tiny_model import build_tiny_model
+    from bidirl.models.tiny import build_tiny_model
 
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bidirl-nb-") as tmp:

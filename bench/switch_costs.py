@@ -44,8 +44,8 @@ def main() -> int:
     ap.add_argument("--json", default=str(ROOT / "bench/results/switch_costs.json"))
     args = ap.parse_args()
 
-    from bidirl.algo.tiny_model import build_tiny_model
     from bidirl.engines.trainer_config import TrainerConfig, trainer_wire
+    from bidirl.models.tiny import build_tiny_model
     from bidirl.runtime.cluster import ray_session
     from bidirl.runtime.worker import worker_class
 

@@ -72,7 +72,7 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from safetensors.numpy import load_file
 
-    from bidirl.algo.tiny_model import build_tiny_model
+    from bidirl.models.tiny import build_tiny_model
     from bidirl.runtime.rollout_role import ResponseRequest, RolloutRole
 
     with tempfile.TemporaryDirectory(prefix="bidirl-wl-") as tmp:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.vllm
 
 
 def test_validation_is_greedy_and_leaves_live_requests_alone(tiny_model_dir):
-    from bidirl.algo.tiny_model import encode_prompt, load_tokenizer
+    from bidirl.models.tiny import encode_prompt, load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
     copy, add = (encode_prompt(tok, [{"role": "user", "content": t}]) for t in ("copy 4821", "add 2+3"))

@@ -139,7 +139,7 @@ class TrainSession:
 
     def run(self) -> dict:
         from bidirl.algo.data import PromptCursor
-        from bidirl.algo.tiny_model import encode_prompt, load_tokenizer
+        from bidirl.models.tiny import encode_prompt, load_tokenizer
         from bidirl.runtime.cluster import ray_session_started
         from bidirl.runtime.group_store import GroupStore
         from bidirl.runtime.placement import check_machine_fits
