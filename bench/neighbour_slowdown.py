@@ -60,7 +60,7 @@ def _decoder(role, seqs: int):
 
     The engine generates on its own thread: between two ``next`` calls it goes on with the
     requests it has (a neighbour leaving the decode phase aborts them)."""
-    from bidirl.runtime.rollout_role import ResponseRequest
+    from bidirl.runtime.messages import ResponseRequest
 
     gid = 0
 

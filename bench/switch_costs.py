@@ -62,7 +62,7 @@ def main() -> int:
                  rollout_dev.host.remote("rollout", **roll_kw)])
         print("[bench] workers up; measuring Rollouter-on-TrainPool", file=sys.stderr)
         rot = {"c_in_cold_s": None, "c_in_s": [], "c_out_s": [], "aborted_requests": []}
-        from bidirl.runtime.rollout_role import ResponseRequest
+        from bidirl.runtime.messages import ResponseRequest
 
         for r in range(args.rounds + 1):
             w = trainer_dev.call.remote("train", "weights")

@@ -73,7 +73,8 @@ def main() -> int:
     from safetensors.numpy import load_file
 
     from bidirl.models.tiny import build_tiny_model
-    from bidirl.runtime.rollout_role import ResponseRequest, RolloutRole
+    from bidirl.runtime.messages import ResponseRequest
+    from bidirl.runtime.rollout_role import RolloutRole
 
     with tempfile.TemporaryDirectory(prefix="bidirl-wl-") as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny-L4-H256", layers=4, hidden=256)

@@ -24,7 +24,8 @@ def test_grpo_raises_copy_reward(tiny_model_dir, tmp_path):
     from bidirl.engines.trainer_torch import TorchTrainer
     from bidirl.models.tiny import encode_prompt, load_tokenizer
     from bidirl.models.warm_start import warm_start
-    from bidirl.runtime.rollout_role import ResponseRequest, RolloutRole
+    from bidirl.runtime.messages import ResponseRequest
+    from bidirl.runtime.rollout_role import RolloutRole
 
     model = warm_start(tiny_model_dir, tmp_path / "warm", tasks=("copy",))
     tok, task = load_tokenizer(model), get_task("copy")

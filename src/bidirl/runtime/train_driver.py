@@ -109,6 +109,7 @@ class TrainDriver:
 
     def _layout(self, a: StartTrainStep) -> tuple[StepRecord, list[list[dict]]]:
         """Score the batch, compute advantages, cut the samples into the micro-batches."""
+        # lazy: pulls in torch, which the executor's module does not need until a step is laid out
         from bidirl.algo.grpo import group_advantages_lists
 
         ex = self.ex
