@@ -1,6 +1,8 @@
 """What crosses the worker boundary between the driver and a rollout replica.
 
-The driver's group store sends requests (:class:`ResponseRequest`: fresh, or resuming a
+A replica is built from :func:`rollout_wire`'s arguments (the train config's fields it
+reads, as plain data: ``trainer_wire`` in ``engines/trainer_config.py`` is the trainer's
+counterpart).  The driver's group store sends requests (:class:`ResponseRequest`: fresh, or resuming a
 partial response), the replica (``runtime/rollout_role.py``) hands back results
 (:class:`ResponseResult`: finished, or partial after a reclaim) and, per ``poll``, a
 :class:`PrefillBurst` per prefill it timed.  Plain data with no vLLM or torch behind it,
@@ -11,7 +13,19 @@ them without the engine's module.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from bidirl.runtime.config import TrainConfig
+
+
+def rollout_wire(cfg: TrainConfig, model_dir: str, max_model_len: int) -> dict[str, Any]:
+    """``RolloutRole``'s keyword arguments for a run: what a device worker is sent to host a
+    replica (``host("rollout", **wire)``); ``max_model_len`` is measured from the prompts."""
+    return dict(model_dir=model_dir, max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len,
+                dtype=cfg.model.dtype, kv_cache_bytes=cfg.rollout.kv_cache_mb << 20,
+                top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, min_tokens=cfg.rollout.min_new_tokens,
+                reproducible=cfg.scheduler.reproducible)
 
 
 @dataclass
