@@ -54,8 +54,8 @@ class RolloutDriver:
         keep = ex.spec.staleness + 2
 
         def hook(rec) -> None:
-            self.weights_at[ex.version] = ex.primary_weights()
-            for v in [v for v in self.weights_at if v < ex.version - keep]:
+            self.weights_at[ex.weights.version] = ex.primary_weights()
+            for v in [v for v in self.weights_at if v < ex.weights.version - keep]:
                 del self.weights_at[v]
             if on_step is not None:
                 on_step(rec)
@@ -127,7 +127,7 @@ class RolloutDriver:
                 ex.deliver(StageMeasured("prefill", (1.0, float(b.tokens)), self.prefill_seconds(b)))
         m, acc = out["measurements"], self.decode_sum[u]
         if m:
-            ex.last_work_s[ex.unit_device(u)] = max(x for _, _, x in m)
+            ex.devices.last_work_s[ex.unit_device(u)] = max(x for _, _, x in m)
             acc[0] += len(m)
             acc[1] += sum(b for b, _, _ in m)
             acc[2] += sum(c for _, c, _ in m)
@@ -182,7 +182,7 @@ class RolloutDriver:
         stops the run rather than generate at another version.
         """
         ex = self.ex
-        target, weights = ex.version, None
+        target, weights = ex.weights.version, None
         if ex.spec.reproducible:
             st = ex.controller.state  # a sync issued and not yet reported counts: it skipped this replica
             target = (st.version if st.phase is Phase.SYNCING else st.synced) + ex.job.version_offset
