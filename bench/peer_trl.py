@@ -39,8 +39,8 @@ PROMPTS, GROUP, LR, CORES = 8, 8, 1e-3, 2
 
 def build_model(size: str, out: Path, task: str = "reverse") -> Path:
     """The tiny model of ``size`` with the 40-step warm start on ``task``: both sides' start."""
-    from bidirl.algo.tiny_model import build_tiny_model
-    from bidirl.algo.warm_start import warm_start
+    from bidirl.models.tiny import build_tiny_model
+    from bidirl.models.warm_start import warm_start
 
     s = SIZES[size]
     base = build_tiny_model(out / f"tiny-L{s['layers']}-H{s['hidden']}", layers=s["layers"], hidden=s["hidden"])
@@ -166,7 +166,7 @@ def _trl_validator(generate, model, tok, task, max_new: int):
     ``data.seed=0``, the same chat-template ids), scored by the task's reward: mean score."""
     import torch
 
-    from bidirl.algo.tiny_model import encode_prompt
+    from bidirl.models.tiny import encode_prompt
     from bidirl.runtime.validation import BUILTIN_VAL_ROWS
 
     rows = task.rows(BUILTIN_VAL_ROWS, seed=0, split="test")

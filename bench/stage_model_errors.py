@@ -12,10 +12,9 @@ and prints per stage:
 - ``online``: the median out-of-sample error, as the run reported it (the replay
   reproduces ``summary.json``'s ``stage_model_median_error``; a mismatch is flagged);
 - ``steady``: the same over the second half of the run's measurements (after the cold start);
-- ``weight_sync/driver``, ``prefill/last``: the same stages as they were measured before the
-  devices timed the weight load and before a prefill was taken off its steps' predicted
-  decode work (the driver's wall; the time beyond the last decode step), through a fresh
-  model of the stage: the older measurement's errors on the same run;
+- ``weight_sync/driver``: the same stage as it was measured before the devices timed the
+  weight load (the driver's wall), through a fresh model of the stage: the older
+  measurement's errors on the same run;
 - ``floor``: the median error of the *best fixed fit* of the same features over the whole
   run, fitted after the fact on every measurement (least squares on relative error): no
   model of this form, however it learns, does much better on these measurements; what is
@@ -61,18 +60,14 @@ def measurements(run: Path) -> list[tuple[str, tuple[float, ...], float]]:
 def alternatives(run: Path) -> dict[str, list[tuple[tuple[float, ...], float]]]:
     """The older measurements of the same stages, where the profile keeps them: a weight
     sync as the driver timed it (issue to last replica done) when the devices timed their
-    load, and a prefill as its burst's time beyond the decode step before it
-    (``prefill_burst`` records).  Only their floor is printed: what a fixed fit could do on
-    them, beside what the models learn now: ``online`` is a fresh model of the stage (the
-    run's priors) fed those measurements instead (the prefill ones alone: the decode model
-    takes no part in the older measurement)."""
+    load.  Only their floor is printed: what a fixed fit could do on them, beside what the
+    models learn now: ``online`` is a fresh model of the stage (the run's priors) fed those
+    measurements instead."""
     out: dict[str, list] = {}
     for line in (run / "profile.jsonl").read_text().splitlines():
         e = json.loads(line)
         if e["event"] == "WeightsSynced" and e.get("load_s") is not None:
             out.setdefault("weight_sync/driver", []).append(((1.0,), e["seconds"]))
-        elif e["event"] == "StageMeasured" and e["stage"] == "prefill_burst":
-            out.setdefault("prefill/last", []).append(((1.0, e["features"][0]), e["features"][1]))
     return out
 
 

@@ -56,7 +56,7 @@ def aux_round(ray, trainer, worker, model: str, wire, mbs: list, total: int):
 
 
 def tiny_model() -> str:
-    from bidirl.algo.tiny_model import build_tiny_model
+    from bidirl.models.tiny import build_tiny_model
 
     return str(build_tiny_model(ROOT / ".bidirl" / "models" / "tiny"))
 
@@ -64,8 +64,9 @@ def tiny_model() -> str:
 def one_node(model: str, device: str, rounds: int) -> dict:
     """Both directions on this machine's two devices: cold, then ``rounds`` hot switches each."""
     from bidirl.engines.trainer_config import TrainerConfig, trainer_wire
+    from bidirl.models.tiny import build_tiny_model
     from bidirl.runtime.cluster import ray_session
-    from bidirl.runtime.rollout_role import ResponseRequest
+    from bidirl.runtime.messages import ResponseRequest
     from bidirl.runtime.worker import worker_class
 
     gpu = device == "cuda"

@@ -7,6 +7,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from bidirl.algo.tiny_model import build_tiny_model
+    from bidirl.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.getbasetemp() / "tiny_model")

@@ -36,8 +36,8 @@ def test_warm_start_leaves_headroom_on_the_default_task(tiny_model_dir, tmp_path
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bidirl.algo.tiny_model import encode_prompt
-    from bidirl.algo.warm_start import warm_start
+    from bidirl.models.tiny import encode_prompt
+    from bidirl.models.warm_start import warm_start
 
     out = warm_start(tiny_model_dir, tmp_path / "ws", tasks=("reverse",), steps=40, seed=0)
     tok = AutoTokenizer.from_pretrained(str(out))

@@ -19,12 +19,13 @@ def test_grpo_raises_copy_reward(tiny_model_dir, tmp_path):
     from bidirl.algo.data import PromptCursor
     from bidirl.algo.grpo import group_advantages
     from bidirl.algo.tasks import get_task
-    from bidirl.algo.tiny_model import encode_prompt, load_tokenizer
-    from bidirl.algo.warm_start import warm_start
     from bidirl.engines.train_batch import TrainSample, make_microbatches
     from bidirl.engines.trainer_config import TrainerConfig
     from bidirl.engines.trainer_torch import TorchTrainer
-    from bidirl.runtime.rollout_role import ResponseRequest, RolloutRole
+    from bidirl.models.tiny import encode_prompt, load_tokenizer
+    from bidirl.models.warm_start import warm_start
+    from bidirl.runtime.messages import ResponseRequest
+    from bidirl.runtime.rollout_role import RolloutRole
 
     model = warm_start(tiny_model_dir, tmp_path / "warm", tasks=("copy",))
     tok, task = load_tokenizer(model), get_task("copy")

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from bidirl.engines.torch_setup import init_process_group
 from bidirl.engines.train_batch import TrainSample, make_microbatches
 from bidirl.engines.trainer_config import NonFiniteStepError, NonFiniteWeightsError, TrainerConfig
-from bidirl.engines.trainer_torch import TorchTrainer, init_process_group
+from bidirl.engines.trainer_torch import TorchTrainer
 from bidirl.runtime.placement import free_port
 
 CFG = TrainerConfig(lr=1e-3, max_grad_norm=1.0)

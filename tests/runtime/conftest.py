@@ -13,7 +13,7 @@ def real_runtime_available():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     pytest.importorskip("transformers")
-    from bidirl.algo.tiny_model import build_tiny_model
+    from bidirl.models.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bidirl.runtime.backend import DeviceLost
-from bidirl.runtime.rollout_role import ResponseRequest, ResponseResult
+from bidirl.runtime.messages import ResponseRequest, ResponseResult
 
 DIM = 16
 VOCAB = 50
@@ -95,7 +95,7 @@ class FakeRollout:
             took = c.decode_s + c.decode_per_seq_s * batch + c.decode_per_ctx_s * ctx
             if self._prefill_tokens:  # as ``RolloutRole.poll``: the burst's whole step and its decode work
                 took += c.prefill_per_token_s * self._prefill_tokens
-                prefills.append((self._prefill_tokens, took, 1, batch, ctx, took, took))
+                prefills.append((self._prefill_tokens, 1, batch, ctx, took, took))
                 self._prefill_tokens = 0
             else:
                 measurements.append((batch, ctx, took))

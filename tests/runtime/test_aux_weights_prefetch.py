@@ -21,9 +21,9 @@ def test_each_steps_weights_are_requested_before_its_micro_batches():
 
         def spy(device, method, *args, **kw):
             if device == rank0 and method == "call" and args[:2] == ("train", "weights"):
-                calls.append(("weights", ex.version))
+                calls.append(("weights", ex.weights.version))
             elif device == rank0 and method == "call" and args[1:2] == ("compute_chunk_ref",):
-                calls.append(("compute", ex.version))
+                calls.append(("compute", ex.weights.version))
             return submit(device, method, *args, **kw)
 
         ex.backend.submit = spy

@@ -3,7 +3,7 @@
 import pytest
 
 from bidirl.runtime.group_store import GroupStore
-from bidirl.runtime.rollout_role import ResponseResult
+from bidirl.runtime.messages import ResponseResult
 
 
 def _result(req, tokens, finished, version):

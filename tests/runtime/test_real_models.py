@@ -19,7 +19,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from bidirl.engines.hf_reference import load_reference, score_tokens  # noqa: E402
-from bidirl.runtime.rollout_role import ResponseRequest, RolloutRole  # noqa: E402
+from bidirl.runtime.messages import ResponseRequest  # noqa: E402
+from bidirl.runtime.rollout_role import RolloutRole  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

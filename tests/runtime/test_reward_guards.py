@@ -9,7 +9,7 @@ import pytest
 
 from bidirl.algo.grpo import group_advantages_lists
 from bidirl.runtime.group_store import BadRewardError, GroupStore, RewardFn
-from bidirl.runtime.rollout_role import ResponseResult
+from bidirl.runtime.messages import ResponseResult
 
 NAN, INF = float("nan"), float("inf")
 

@@ -16,7 +16,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from bidirl.engines.hf_reference import load_reference, score_tokens  # noqa: E402
-from bidirl.runtime.rollout_role import ResponseRequest, RolloutRole  # noqa: E402
+from bidirl.runtime.messages import ResponseRequest  # noqa: E402
+from bidirl.runtime.rollout_role import RolloutRole  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 PROMPT = [1, 5, 106, 118, 119, 128, 39, 59, 63, 57, 56, 6]  # <|bos|><|user|>copy 4821<|assistant|>

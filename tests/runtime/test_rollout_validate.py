@@ -13,13 +13,14 @@ import pytest
 pytest.importorskip("vllm")
 
 from bidirl.engines.hf_reference import load_reference, score_tokens  # noqa: E402
-from bidirl.runtime.rollout_role import ResponseRequest, RolloutRole  # noqa: E402
+from bidirl.runtime.messages import ResponseRequest  # noqa: E402
+from bidirl.runtime.rollout_role import RolloutRole  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
 
 def test_validation_is_greedy_and_leaves_live_requests_alone(tiny_model_dir):
-    from bidirl.algo.tiny_model import encode_prompt, load_tokenizer
+    from bidirl.models.tiny import encode_prompt, load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
     copy, add = (encode_prompt(tok, [{"role": "user", "content": t}]) for t in ("copy 4821", "add 2+3"))
@@ -45,7 +46,7 @@ def test_validation_is_greedy_and_leaves_live_requests_alone(tiny_model_dir):
         assert resumed.token_ids == uninterrupted[0].token_ids and set(resumed.versions) == {0}
         assert resumed.finished and len(resumed.logprobs) == len(resumed.token_ids)
         # rollout.top_k reaches vLLM: top_k=1 samples the argmax even at temperature 1
-        role.top_k = 1
+        role.sampling.top_k = 1
         role.submit([ResponseRequest(3, 0, add, 16, temperature=1.0, seed=5)])
         done = []
         while role.running:
@@ -61,10 +62,10 @@ def test_validation_is_greedy_and_leaves_live_requests_alone(tiny_model_dir):
                 done += role.run(10.0, stop_on_finish=False)["finished"]
             return done
 
-        role.top_k = -1
+        role.sampling.top_k = -1
         free = sample(10)
         assert any(len(r.token_ids) < 120 and r.token_ids[-1] == tok.eos_token_id for r in free)
-        role.min_tokens = 120
+        role.sampling.min_tokens = 120
         forced = sample(30)
         assert [len(r.token_ids) for r in forced] == [120] * 16
         assert all(tok.eos_token_id not in r.token_ids for r in forced)

@@ -8,8 +8,8 @@ from fake_devices import Costs
 from fake_run import run_fake
 
 from bidirl.controller.events import StageMeasured, WeightsSynced
-from bidirl.runtime.rollout_driver import DECODE_SAMPLE_S, PREFILL_BURST, RolloutDriver
-from bidirl.runtime.rollout_role import PrefillBurst
+from bidirl.runtime.messages import PrefillBurst
+from bidirl.runtime.rollout_driver import DECODE_REMAINDER, DECODE_SAMPLE_S, RolloutDriver
 
 
 def test_the_weight_sync_model_learns_the_devices_load_not_the_drivers_wait():
@@ -26,21 +26,19 @@ def test_the_weight_sync_model_learns_the_devices_load_not_the_drivers_wait():
     assert model.predict((1.0,)) == pytest.approx(costs.sync_s, rel=0.05)
 
 
-def test_each_prefill_measurement_comes_with_its_raw_burst_in_the_profile():
-    """The profile keeps the burst as the engine measured it (no model learns that record);
-    the prefill the models learn is its time beyond the recent decode steps, at most the
-    burst's whole time, never below zero."""
+def test_each_prefill_burst_is_one_measurement_the_prefill_model_learns():
+    """A burst the replicas report becomes one prefill measurement (features: a constant and
+    its prompt tokens); the profile holds what the models learn and the run's decode
+    remainders, no record of its own."""
     run = run_fake("async", steps=3)
     prof = [ev for _, ev in run.executor.profile if isinstance(ev, StageMeasured)]
-    pairs = [(a, b) for a, b in zip(prof, prof[1:]) if a.stage == PREFILL_BURST]
-    assert pairs and all(b.stage == "prefill" and b.features == (1.0, a.features[0]) for a, b in pairs)
-    assert all(b.seconds == a.features[5] and 0.0 <= b.seconds <= a.seconds for a, b in pairs)
-    assert PREFILL_BURST not in run.executor.controller.state.est.models
+    prefills = [ev for ev in prof if ev.stage == "prefill"]
+    assert prefills and all(ev.features[0] == 1.0 and ev.features[1] > 0 and ev.seconds >= 0 for ev in prefills)
+    assert {ev.stage for ev in prof} <= set(run.executor.controller.state.est.models) | {DECODE_REMAINDER}
 
 
 def test_a_prefill_is_taken_beyond_the_recent_decode_steps_when_the_engine_gives_them():
-    burst = PrefillBurst(tokens=40, beyond_last_s=0.004, steps=1, batch=3, context=3000, seconds=0.009,
-                         beyond_median_s=0.003)
+    burst = PrefillBurst(tokens=40, steps=1, batch=3, context=3000, seconds=0.009, beyond_median_s=0.003)
     assert RolloutDriver.prefill_seconds(burst) == 0.003
 
 

@@ -33,17 +33,17 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 import warnings
 from collections.abc import Sequence
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from bidirl.algo.grpo import grpo_loss, token_logprobs
+from bidirl.engines.hf_io import check_finite, load_weights, write_model_dir
+from bidirl.engines.torch_setup import set_torch_threads
 from bidirl.engines.train_batch import (
     Collated,
     GradChunk,
@@ -54,31 +54,9 @@ from bidirl.engines.train_batch import (
     make_microbatches,
     padding_split,
 )
-from bidirl.engines.trainer_config import NonFiniteStepError, NonFiniteWeightsError, TrainerConfig
+from bidirl.engines.trainer_config import NonFiniteStepError, TrainerConfig
 
-__all__ = ["TorchTrainer", "init_process_group", "set_torch_threads"]
-
-_ORIGINAL_SET_NUM_THREADS = torch._C.set_num_threads  # vLLM's CPU worker replaces torch.set_num_threads
-
-
-def set_torch_threads(n: int) -> None:
-    """Set intra-op threads even after vLLM has monkey-patched ``torch.set_num_threads``."""
-    _ORIGINAL_SET_NUM_THREADS(int(n))
-
-
-def init_process_group(
-    rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500,
-    backend: str | None = None,
-):
-    """Join a torch.distributed group for data-parallel training (gloo on CPU, NCCL on CUDA)."""
-    import torch.distributed as dist
-
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(
-        backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
-    )
-    return dist.group.WORLD
+__all__ = ["TorchTrainer"]
 
 
 class TorchTrainer:
@@ -374,8 +352,8 @@ class TorchTrainer:
         Refuses (``NonFiniteWeightsError``, before writing anything) weights with NaN or inf.
         """
         ckpt_dir = Path(ckpt_dir)
-        self._check_finite(self._state(), ckpt_dir)
-        self._write_model_dir(Path(model_dir) if model_dir is not None else ckpt_dir)
+        check_finite(self._state(), ckpt_dir, self.version)
+        write_model_dir(self.model, Path(model_dir) if model_dir is not None else ckpt_dir, self.model_dir)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         torch.save(self.optimizer.state_dict(), ckpt_dir / "optimizer.pt")
         (ckpt_dir / "trainer_state.json").write_text(
@@ -385,18 +363,11 @@ class TorchTrainer:
     def _state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
-    def _check_finite(self, weights: dict[str, torch.Tensor], where: Path) -> None:
-        bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-        if bad:
-            raise NonFiniteWeightsError(
-                f"refusing to write {where}: {len(bad)} weight tensor(s) hold NaN/inf at version "
-                f"{self.version} (first: {bad[0]}); the last checkpoint written stays the good one")
-
     def load_checkpoint(self, ckpt_dir: str | Path, model_dir: str | Path | None = None) -> None:
         """What :meth:`save_checkpoint` wrote: the weights from ``model_dir`` (default
         ``ckpt_dir``), the optimizer and version from ``ckpt_dir``."""
         ckpt_dir = Path(ckpt_dir)
-        self._load_weights(Path(model_dir) if model_dir is not None else ckpt_dir)
+        load_weights(self.model, Path(model_dir) if model_dir is not None else ckpt_dir, self.device)
         self.optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
         # The saved param groups carry the hyperparameters they were saved with; this trainer's
         # config wins (a resume may change trainer.lr and the rest: docs/runtime.md).
@@ -407,23 +378,6 @@ class TorchTrainer:
         self.version = int(state["version"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
 
-    @torch.no_grad()
-    def _load_weights(self, model_dir: Path) -> None:
-        """A model directory is read back by ``transformers`` (the writer: tied weights and
-        any renaming on save are undone alike); a bare ``model.safetensors`` (checkpoints
-        before model directories) by safetensors, shared tensors allowed."""
-        if (model_dir / "config.json").is_file():
-            from transformers import AutoModelForCausalLM
-
-            with _no_progress_bars():
-                saved = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-            self.model.load_state_dict(saved.state_dict())
-            del saved
-        else:
-            from safetensors.torch import load_model
-
-            load_model(self.model, str(model_dir / "model.safetensors"), device=self.device)
-
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """A complete Hugging Face model directory: ``config.json``, ``generation_config.json``,
         ``model.safetensors`` (tied embeddings stored once, as ``transformers`` stores them),
@@ -432,33 +386,5 @@ class TorchTrainer:
 
         Refuses weights with NaN or inf, like :meth:`save_checkpoint`."""
         out_dir = Path(out_dir)
-        self._check_finite(self._state(), out_dir)
-        return self._write_model_dir(out_dir)
-
-    def _write_model_dir(self, out_dir: Path) -> Path:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with _no_progress_bars():  # a bar per checkpoint in the console otherwise
-            self.model.save_pretrained(out_dir)  # safetensors; drops the tied copy (lm_head) itself
-        for f in self.model_dir.iterdir():
-            if f.is_file() and (f.name in TOKENIZER_FILES or f.name.startswith("tokenizer")):
-                shutil.copy2(f, out_dir / f.name)
-        return out_dir
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
-"""What a model directory holds beside the weights and configs for ``AutoTokenizer`` and vLLM."""
-
-
-@contextmanager
-def _no_progress_bars():
-    """``transformers``' progress bars off for a save or load, as they were afterwards."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
+        check_finite(self._state(), out_dir, self.version)
+        return write_model_dir(self.model, out_dir, self.model_dir)

@@ -1,4 +1,6 @@
-"""Model directories built locally (random weights, real architectures and tokenizer types)."""
+"""Model directories built locally: real architectures with random weights and real tokenizer
+types (``make``), bidirl's tiny character-level model (``tiny``) and its supervised warm
+start (``warm_start``)."""
 
 from bidirl.models.make import ARCHS, ModelShape, make_model, shape_of
 

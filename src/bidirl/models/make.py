@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from bidirl.engines.hf_io import quiet_hf_progress_bars
+
 __all__ = ["ARCHS", "ModelShape", "make_model", "shape_of", "SMALL"]
 
 
@@ -241,6 +243,7 @@ def make_model(out_dir: str | Path, arch: str = "qwen2.5-0.5b", *, small: bool =
     import torch
     from transformers import AutoModelForCausalLM
 
+    quiet_hf_progress_bars()
     shape = shape_of(arch, small, **overrides)
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
@@ -253,10 +256,7 @@ def make_model(out_dir: str | Path, arch: str = "qwen2.5-0.5b", *, small: bool =
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        from bidirl.engines.trainer_torch import _no_progress_bars
-
-        with _no_progress_bars():
-            model.save_pretrained(tmp)
+        model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         _set_tokenizer_class(tmp, "Qwen2Tokenizer" if shape.model_type == "qwen2" else "PreTrainedTokenizerFast")
         if out_dir.exists():

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from bidirl.runtime.worker import STREAM_GROUP, STREAM_METHODS
+
 
 class DeviceLost(RuntimeError):
     """The device's worker died before the call completed."""
@@ -60,8 +62,6 @@ class RayBackend:
         return time.perf_counter() - self.t0
 
     def submit(self, device: int, method: str, *args, returns: int = 1, **kwargs):
-        from bidirl.runtime.worker import STREAM_GROUP, STREAM_METHODS
-
         fn = getattr(self.workers[device], method)
         if returns > 1:
             fn = fn.options(num_returns=returns)

@@ -69,6 +69,31 @@ class Job:
 
 
 @dataclass
+class DeviceState:
+    """What the executor tracks of each device beside its calls, by device id."""
+
+    unit: dict[int, int]  # device -> the unit it is
+    switching: dict[int, str] = field(default_factory=dict)  # device -> what it is switching through
+    last_work_s: dict[int, float] = field(default_factory=dict)  # device -> its longest last piece of work
+
+
+class PolicyWeights:
+    """Which policy version is where: the primary trainer's newest, each auxiliary trainer's,
+    and the primary's weights as a handle, fetched once per version (``fetch``)."""
+
+    def __init__(self, version: int, fetch: Callable[[], object]) -> None:
+        self.version = version  # the primary trainer's newest version
+        self.aux: dict[int, int] = {}  # device -> version its auxiliary trainer holds
+        self._fetch = fetch
+        self._fetched: tuple[int, object] | None = None  # (version, handle)
+
+    def primary(self):
+        if self._fetched is None or self._fetched[0] != self.version:
+            self._fetched = (self.version, self._fetch())
+        return self._fetched[1]
+
+
+@dataclass
 class Layout:
     """Which device each unit lives on, and which devices are the primary trainer."""
 
@@ -81,7 +106,7 @@ class DeviceExecutor:
     """The ``Runtime`` protocol over a ``Backend`` (see the module docstring)."""
 
     def __init__(self, controller, backend, job: Job, layout: Layout) -> None:
-        self.controller, self.spec, self.backend = controller, controller.state.spec, backend
+        self.controller, self.backend = controller, backend
         self.job, self.layout = job, layout
         spec = self.spec
         if not layout.pools:
@@ -91,11 +116,9 @@ class DeviceExecutor:
         self.hosting = Hosting(spec.n_replicas, spec.n_units)
         self.calls = CallBook(backend, layout.pools)
         self.clock = Recorder(layout.pools, keep=True)
-        self._device_unit = {layout.unit_device(u): u for u in range(spec.n_units)}
-        self.version = job.version_offset  # the primary trainer's newest version
-        self.aux_version: dict[int, int] = {}  # device -> version its auxiliary trainer holds
-        self.switching: dict[int, str] = {}  # device -> what it is switching through
-        self.last_work_s: dict[int, float] = {}  # device -> its longest last piece of work
+        self.devices = DeviceState({layout.unit_device(u): u for u in range(spec.n_units)})
+        self.weights = PolicyWeights(job.version_offset, lambda: self.backend.submit(
+            self.layout.train_devices[0], "call", "train", "weights"))
         self.switches: list[tuple[str, float]] = []  # (kind, seconds), measured
         self.reclaim_waits: list[dict] = []
         self.lost_devices: list[tuple[int, float]] = []
@@ -104,10 +127,14 @@ class DeviceExecutor:
         self.profile: list[tuple[float, object]] = []
         self.on_step: Callable | None = None  # the reporter's hook, per finished step
         self.validator = None  # runtime/validation.Validator when the run validates
-        self._weights: tuple[int, object] | None = None  # (version, handle) of primary_weights
         self.sync_seconds: list[float] = []  # every weight sync's duration (timing_s/update_weights)
         self.rollout = RolloutDriver(self)
         self.trainer = TrainDriver(self)
+
+    @property
+    def spec(self):
+        """The cluster the controller schedules (``ClusterSpec``)."""
+        return self.controller.state.spec
 
     # -- Runtime protocol -------------------------------------------------------------
     def now(self) -> float:
@@ -156,10 +183,7 @@ class DeviceExecutor:
     def primary_weights(self):
         """The primary's current weights (a handle): fetched once per version and kept, so
         that an auxiliary lent while the trainer computes does not queue behind its calls."""
-        if self._weights is None or self._weights[0] != self.version:
-            self._weights = (self.version, self.backend.submit(self.layout.train_devices[0], "call", "train",
-                                                               "weights"))
-        return self._weights[1]
+        return self.weights.primary()
 
     def unit_device(self, u: int) -> int:
         return self.layout.unit_device(u)
@@ -181,13 +205,13 @@ class DeviceExecutor:
             if isinstance(load_s, (int, float)) and load_s > 0:  # the device's own timing
                 pending["load"].append(float(load_s))
             if pending["n"] == 0:
-                self.version = version
+                self.weights.version = version
                 self.sync_seconds.append(self.now() - t_start)
                 loads = pending["load"]
                 self.deliver(WeightsSynced(a.version, self.now() - t_start, max(loads) if loads else None))
 
         if not targets:
-            self.version = version
+            self.weights.version = version
             self.deliver(WeightsSynced(a.version, 0.0))
         for u in targets:
             self.rollout.version[u] = version
@@ -209,21 +233,21 @@ class DeviceExecutor:
         job = self.job
         kwargs = dict(job.rollout_kwargs) if role == "rollout" else {
             "model_dir": job.trainer_kwargs["model_dir"], "config": job.trainer_kwargs.get("config")}
-        version = self.version
+        version = self.weights.version
         kwargs.update(weights=[self.primary_weights()], version=version)  # fetched inside the timed C_in
-        self.switching[dev] = "C_in"
+        self.devices.switching[dev] = "C_in"
         if role == "aux_train":
             # A chunk issued before C_in ends runs after it, on these weights: without this the
             # step would fetch the weights again, behind the primary's own chunk on its device,
             # and the auxiliary would start only when the primary is done.
-            self.aux_version[dev] = version
+            self.weights.aux[dev] = version
 
         def done(seconds: float) -> None:
-            self.switching.pop(dev, None)
+            self.devices.switching.pop(dev, None)
             if role == "rollout":
                 self.rollout.version[u] = version
             else:  # the version its weights were fetched at, not today's
-                self.aux_version[dev] = version
+                self.weights.aux[dev] = version
             self.switches.append((f"{kind}.c_in", seconds))
             reclaim_waiting = self.hosting.lent(u)
             self.deliver(DeviceLent(u, a.role, seconds))
@@ -240,14 +264,14 @@ class DeviceExecutor:
         dev, role_enum, kind = self.unit_device(u), self.hosting.role[u], self.hosting.kind(u)
         role = "rollout" if role_enum is Role.ROLLOUT else "aux_train"
         t_issue = self.now()
-        self.switching[dev] = "C_out"
+        self.devices.switching[dev] = "C_out"
 
         def done(out) -> None:
             seconds, partials = out
             self.reclaim_waits.append({
                 "unit": u, "role": role, "wait_s": max(0.0, self.now() - t_issue - seconds), "c_out_s": seconds,
-                "last_work_s": self.last_work_s.get(dev, 0.0)})
-            self.switching.pop(dev, None)
+                "last_work_s": self.devices.last_work_s.get(dev, 0.0)})
+            self.devices.switching.pop(dev, None)
             self.hosting.reclaimed(u)
             self.switches.append((f"{kind}.c_out", seconds))
             if u < self.spec.n_replicas:  # back to its native role, which stayed resident
@@ -269,17 +293,17 @@ class DeviceExecutor:
         if self.layout.pools[dev] == "train":
             raise RuntimeError(f"device {dev} (primary trainer) died; resume from the last checkpoint "
                                "with: bidirl train --resume RUN_DIR")
-        u = self._device_unit[dev]
+        u = self.devices.unit[dev]
         self.lost_devices.append((dev, self.now()))
         print(f"[bidirl] device {dev} (unit {u}) died; redoing its work and restarting it", file=sys.stderr)
         self.backend.restart(dev)
-        self.switching[dev] = "restart"  # shown as switching until the replica is back
-        self.calls.issue(dev, lambda _: self.switching.pop(dev, None), None, "host", "rollout",
+        self.devices.switching[dev] = "restart"  # shown as switching until the replica is back
+        self.calls.issue(dev, lambda _: self.devices.switching.pop(dev, None), None, "host", "rollout",
                          **{**self.job.rollout_kwargs, "weights": [self.primary_weights()],
-                            "version": self.version})
-        self.rollout.version[u] = self.version
+                            "version": self.weights.version})
+        self.rollout.version[u] = self.weights.version
         self.replica_weights_changed()
-        self.aux_version.pop(dev, None)
+        self.weights.aux.pop(dev, None)
         was = self.hosting.status[u]
         role = self.hosting.lost(u)
         for h in handlers:
@@ -294,12 +318,12 @@ class DeviceExecutor:
     def _refresh_clock(self) -> None:
         t = self.now()
         for dev, pool in self.layout.pools.items():
-            u = self._device_unit.get(dev)
+            u = self.devices.unit.get(dev)
             role = self.hosting.current_role(u).value if u is not None else pool
             borrowed = role != pool and not (pool == "rollout" and role == "rollout")
             busy = self.calls.label(dev)
-            if dev in self.switching:
-                self.clock.set((dev,), t, Activity.SWITCHING, role, self.switching[dev], borrowed)
+            if dev in self.devices.switching:
+                self.clock.set((dev,), t, Activity.SWITCHING, role, self.devices.switching[dev], borrowed)
             elif busy is not None:
                 self.clock.set((dev,), t, Activity.BUSY, busy[0], busy[1], borrowed)
             else:

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from bidirl.algo.data import DataError
-from bidirl.runtime.rollout_role import ResponseRequest, ResponseResult
+from bidirl.runtime.messages import ResponseRequest, ResponseResult
 
 OnBadReward = Literal["error", "zero"]
 

@@ -13,7 +13,7 @@ from bidirl.controller.actions import AssignGroups
 from bidirl.controller.events import GroupsCompleted, GroupsInterrupted, StageMeasured
 from bidirl.controller.state import Phase
 from bidirl.core.ledger import Role
-from bidirl.runtime.rollout_role import PrefillBurst
+from bidirl.runtime.messages import PrefillBurst
 
 POLL_TIMEOUT_S = 2.0  # a poll returns earlier when anything finished; this only bounds a quiet wait
 # Decode steps are summed into one measurement of at least this long: the stage model
@@ -23,10 +23,6 @@ POLL_TIMEOUT_S = 2.0  # a poll returns earlier when anything finished; this only
 # alone: one step on a shared CPU scatters several-fold (8 ms to 41 ms for the same batch
 # in one run), and such remainders were a tenth of a run's decode measurements.
 DECODE_SAMPLE_S = 0.25
-# A profile record (no model learns it) of a prefill burst as measured: features (tokens,
-# seconds beyond the last decode step, steps, running batch, context tokens, seconds beyond
-# the recent decode steps' median), its seconds.
-PREFILL_BURST = "prefill_burst"
 # A profile record (no model learns it) of the decode steps a replica ran after its last
 # ``DECODE_SAMPLE_S`` sum, when the run ends: the run's calibrated scenario fits decode on
 # the sums and these, so a short run's last few hundred milliseconds are not lost (a run with
@@ -58,8 +54,8 @@ class RolloutDriver:
         keep = ex.spec.staleness + 2
 
         def hook(rec) -> None:
-            self.weights_at[ex.version] = ex.primary_weights()
-            for v in [v for v in self.weights_at if v < ex.version - keep]:
+            self.weights_at[ex.weights.version] = ex.primary_weights()
+            for v in [v for v in self.weights_at if v < ex.weights.version - keep]:
                 del self.weights_at[v]
             if on_step is not None:
                 on_step(rec)
@@ -127,13 +123,11 @@ class RolloutDriver:
         ex = self.ex
         for raw in out.get("prefills", []):
             b = PrefillBurst(*raw)
-            if b.tokens > 0:  # the raw burst goes to the profile only (bench/stage_model_errors.py)
-                ex.profile.append((ex.now(), StageMeasured(PREFILL_BURST, tuple(map(float, (
-                    b.tokens, b.beyond_last_s, b.steps, b.batch, b.context, b.beyond_median_s))), float(b.seconds))))
+            if b.tokens > 0:
                 ex.deliver(StageMeasured("prefill", (1.0, float(b.tokens)), self.prefill_seconds(b)))
         m, acc = out["measurements"], self.decode_sum[u]
         if m:
-            ex.last_work_s[ex.unit_device(u)] = max(x for _, _, x in m)
+            ex.devices.last_work_s[ex.unit_device(u)] = max(x for _, _, x in m)
             acc[0] += len(m)
             acc[1] += sum(b for b, _, _ in m)
             acc[2] += sum(c for _, c, _ in m)
@@ -188,7 +182,7 @@ class RolloutDriver:
         stops the run rather than generate at another version.
         """
         ex = self.ex
-        target, weights = ex.version, None
+        target, weights = ex.weights.version, None
         if ex.spec.reproducible:
             st = ex.controller.state  # a sync issued and not yet reported counts: it skipped this replica
             target = (st.version if st.phase is Phase.SYNCING else st.synced) + ex.job.version_offset

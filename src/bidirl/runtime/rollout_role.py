@@ -8,14 +8,9 @@ steps.  Everything else the driver sends (new requests, new weights, a reclaim's
 ``abort_all``, a checkpoint's ``snapshot``) arrives out of band, on another thread of the
 actor, and takes the engine between two steps: the stepping thread yields after each
 step to a waiting control call, so a reclaim takes effect within one decode step.
-Each decode step is timed with the features of the decode-step model (running batch,
-context tokens).  Steps that prefill (new requests, or every live one re-submitted after a
-weight update, which vLLM may cut into several chunked-prefill steps) are not decode
-steps: each such burst is reported as one prefill measurement: its prompt tokens, the
-time it took beyond the decode step the engine would have run anyway (the median of the
-last ``DECODE_REF_STEPS`` pure decode steps: one step's time scatters as much as the
-prefill taken from it; older runs took the last step alone, also reported), and its whole
-steps with the decode work they carried (steps, running batch, context tokens).
+Each step is timed for the stage models (decode steps, prefill bursts:
+``runtime/rollout_timing.py``); the live requests are kept in a book
+(``runtime/rollout_requests.py``); what crosses to the driver is in ``runtime/messages.py``.
 
 Every generated token is tagged with the policy version the engine held when the token
 was produced; a resumed response keeps its prefix's tokens, log-probs and versions, so
@@ -25,35 +20,16 @@ one rollout engine; ``tests/runtime/test_rollout_role.py`` checks it against the
 
 from __future__ import annotations
 
+import copy
 import gc
 import threading
 import time
-from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from statistics import median
-from typing import NamedTuple
 
+from bidirl.runtime.messages import ResponseRequest, ResponseResult
+from bidirl.runtime.rollout_requests import RequestBook, TrainingSampling
+from bidirl.runtime.rollout_timing import StepTiming
 from bidirl.runtime.vllm_env import apply_vllm_env
-
-DECODE_REF_STEPS = 3  # pure decode steps whose median a prefill step's time is taken beyond
-
-
-class PrefillBurst(NamedTuple):
-    """One prefill burst as ``RolloutRole.poll`` reports it (``prefills``)."""
-
-    tokens: int  # prompt tokens prefilled
-    beyond_last_s: float  # its steps' time beyond the last pure decode step (the older measure)
-    steps: int  # engine steps in the burst
-    batch: int  # requests past their prefill that its steps decoded, summed over its steps
-    context: int  # their context tokens, summed over its steps
-    seconds: float  # its steps' whole time
-    beyond_median_s: float  # its steps' time beyond the recent decode steps' median: the measurement
-
-
-def _new_burst() -> list:
-    """A prefill burst before its first step, as a list of :class:`PrefillBurst`'s fields."""
-    return [0, 0.0, 0, 0, 0, 0.0, 0.0]
 
 
 def engine_batching() -> dict:
@@ -95,46 +71,6 @@ def repack_tied_lm_head(worker) -> int:
     return len(heads)
 
 
-@dataclass
-class ResponseRequest:
-    """One response of one prompt group; ``prefix_*`` set when it resumes a partial."""
-
-    group_id: int
-    index: int
-    prompt_ids: list[int]
-    max_new_tokens: int
-    temperature: float = 1.0
-    seed: int = 0
-    prefix_ids: list[int] = field(default_factory=list)
-    prefix_logprobs: list[float] = field(default_factory=list)
-    prefix_versions: list[int] = field(default_factory=list)
-
-    @property
-    def request_id(self) -> str:
-        return f"g{self.group_id}.r{self.index}.p{len(self.prefix_ids)}"
-
-
-@dataclass
-class ResponseResult:
-    group_id: int
-    index: int
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    finished: bool
-    finish_reason: str | None
-    max_new_tokens: int
-    temperature: float
-    seed: int
-
-    def as_request(self) -> ResponseRequest:
-        """Resume this partial response from where it stopped."""
-        return ResponseRequest(self.group_id, self.index, self.prompt_ids,
-                               self.max_new_tokens, self.temperature, self.seed + 7919,
-                               list(self.token_ids), list(self.logprobs), list(self.versions))
-
-
 class RolloutRole:
     """A vLLM engine in this process, with version-tagged, abortable, resumable requests."""
 
@@ -148,13 +84,11 @@ class RolloutRole:
         ``min_tokens`` (``rollout.min_new_tokens``): EOS is masked until a training response
         has that many tokens (capped at its ``max_new_tokens``); validation is not forced."""
         apply_vllm_env()
+        import torch  # lazy, as vLLM: both load after apply_vllm_env (thread counts, compile flags)
         from vllm import LLM
 
         self.version = 0
         self.model_dir = model_dir
-        self.top_p, self.top_k = top_p, top_k  # rollout.top_p / top_k, for every training request
-        self.min_tokens = min_tokens
-        self.reproducible = reproducible
         self._llm = LLM(model=model_dir, dtype=dtype, distributed_executor_backend="uni",
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         enforce_eager=True, seed=seed, enable_prefix_caching=False,
@@ -164,20 +98,11 @@ class RolloutRole:
         self._engine = self._llm.llm_engine
         hf = self._engine.vllm_config.model_config.hf_config
         self._tied_cpu_head = vllm_on_cpu() and bool(getattr(hf.get_text_config(), "tie_word_embeddings", False))
-        self._live: dict[str, ResponseRequest] = {}
-        self._partial: dict[str, ResponseResult] = {}
-        self._context: dict[str, int] = {}
-        self._base: dict[str, int] = {}  # response tokens before the engine request started
-        self._restarts = 0
-        self._unprefilled: dict[str, int] = {}  # live requests without a token yet: context tokens
-        self._burst = _new_burst()  # the prefill burst in progress
-        self._decode_step_s = 0.0  # the last pure decode step
-        self._decode_steps: deque[float] = deque(maxlen=DECODE_REF_STEPS)  # the last few
-        self._max_seqs = max_num_seqs
+        self.sampling = TrainingSampling(top_p, top_k, min_tokens, reproducible)  # may change between requests
+        self._requests = RequestBook(self._engine, max_num_seqs, self.sampling)
         # The outbox poll drains, and what guards it and the engine (see the module doc).
         self._finished: list[ResponseResult] = []
-        self._measurements: list[tuple[int, int, float]] = []
-        self._prefills: list[tuple[int, float]] = []
+        self._timing = StepTiming()
         self._cv = threading.Condition()
         self._gate = threading.Lock()
         self._waiting = 0  # control calls waiting for the engine: the stepper yields to them
@@ -186,8 +111,6 @@ class RolloutRole:
         self._stepping = False  # the engine is in step(), outside the lock
         self._closed = False
         self._error: BaseException | None = None
-        import torch
-
         self._threads = torch.get_num_threads()  # what the engine was built with (vLLM sets it)
         self._thread = threading.Thread(target=self._generate, name="rollout-generate", daemon=True)
         self._thread.start()
@@ -199,11 +122,11 @@ class RolloutRole:
                 raise ValueError(f"{r.request_id}: nothing left to generate")
         with self._control(interrupt=False):
             for r in requests:
-                self._add(r.request_id, r, self._empty_result(r))
+                self._requests.add(r.request_id, r, ResponseResult.start(r))
 
     @property
     def running(self) -> int:
-        return len(self._live)
+        return len(self._requests.live)
 
     def poll(self, timeout_s: float) -> dict:
         """Drain the outbox; wait up to ``timeout_s`` for a response to finish first.
@@ -215,7 +138,7 @@ class RolloutRole:
         """
         deadline = time.perf_counter() + timeout_s
         with self._cv:
-            while not (self._finished or self._interrupt or self._error or not self._live or self._paused):
+            while not (self._finished or self._interrupt or self._error or not self._requests.live or self._paused):
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     break
@@ -223,9 +146,10 @@ class RolloutRole:
             self._interrupt = False
             if self._error is not None:
                 raise RuntimeError(f"the rollout engine failed: {self._error!r}") from self._error
-            out = {"finished": self._finished, "measurements": self._measurements,
-                   "prefills": self._prefills, "running": len(self._live)}
-            self._finished, self._measurements, self._prefills = [], [], []
+            measurements, prefills = self._timing.take()
+            out = {"finished": self._finished, "measurements": measurements, "prefills": prefills,
+                   "running": len(self._requests.live)}
+            self._finished = []
             return out
 
     def run(self, budget_s: float, stop_on_finish: bool = True) -> dict:
@@ -252,20 +176,15 @@ class RolloutRole:
     def abort_all(self) -> list[ResponseResult]:
         """Abort every live request; return their partial prefixes (possibly empty)."""
         with self._control():
-            ids = list(self._live)
-            if ids:
-                self._engine.abort_request(ids)
             # Finished responses not yet polled are handed back with the partials.
-            out, self._finished = self._finished + [self._forget(i)[1] for i in ids], []
-            self._burst = _new_burst()  # a prefill burst cut short measures nothing
+            out, self._finished = self._finished + [res for _, res in self._requests.set_aside()], []
+            self._timing.cut_burst()
             return out
 
     def snapshot(self) -> list[ResponseResult]:
         """Copies of every live response's progress, without interrupting it (checkpoints)."""
-        import copy
-
         with self._control(interrupt=False):
-            return [copy.deepcopy(self._partial[i]) for i in self._live]
+            return [copy.deepcopy(self._requests.partial[i]) for i in self._requests.live]
 
     def update_weights(self, named_arrays: dict, version: int) -> float:
         """Load new weights in place; requests in flight continue with them.
@@ -282,7 +201,7 @@ class RolloutRole:
         (a wait, not part of the sync) to the engine holding the new weights: the weight-sync
         model's measurement (``WeightsSynced.load_s``).
         """
-        import torch
+        import torch  # lazy: see __init__ (loaded there already)
 
         tensors = ((k, torch.from_numpy(v.copy() if not v.flags.writeable else v))
                    for k, v in named_arrays.items())
@@ -294,7 +213,8 @@ class RolloutRole:
                 self._llm.collective_rpc(repack_tied_lm_head)
             self._llm.reset_prefix_cache()
             self.version = version
-            self._restart_live()
+            # no KV cache from the old weights: every live response is prefilled again
+            self._requests.resume(self._requests.set_aside())
         return time.perf_counter() - t0
 
     set_weights = update_weights  # the name every role's weight refresh has (worker.host)
@@ -307,16 +227,13 @@ class RolloutRole:
         validation requests run to completion, then re-submitted as after a weight update, so
         their tokens and versions are unaffected.  Greedy at ``temperature=0``.
         """
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # lazy: loaded in __init__, after apply_vllm_env
 
         with self._control():  # the generating thread waits while validation has the engine
             t0 = time.perf_counter()
-            held = list(self._live)
-            if held:
-                self._engine.abort_request(held)
-            aside = [self._forget(rid) for rid in held]
-            self._restarts += 1
-            ids = [f"val{self._restarts}.{i}" for i in range(len(prompts))]
+            aside = self._requests.set_aside()
+            tag = self._requests.tag()
+            ids = [f"val{tag}.{i}" for i in range(len(prompts))]
             for i, (rid, prompt) in enumerate(zip(ids, prompts, strict=True)):
                 sp = SamplingParams(max_tokens=max_new_tokens, temperature=temperature,
                                     seed=None if temperature == 0 else seed + i)
@@ -328,9 +245,7 @@ class RolloutRole:
                     if o.finished and o.request_id.startswith("val"):
                         out[o.request_id] = list(o.outputs[0].token_ids)
                         reasons[o.request_id] = o.outputs[0].finish_reason
-            for r, res in aside:
-                self._restarts += 1
-                self._add(f"{r.request_id}.u{self._restarts}", r, self._restarted(r, res))
+            self._requests.resume(aside)
             return {"version": self.version, "responses": [out[i] for i in ids],
                     "finish_reasons": [reasons[i] for i in ids], "seconds": time.perf_counter() - t0}
 
@@ -349,7 +264,7 @@ class RolloutRole:
 
     @staticmethod
     def _on_cuda() -> bool:
-        import torch
+        import torch  # lazy: see __init__ (loaded there already)
 
         return torch.cuda.is_available()
 
@@ -399,12 +314,13 @@ class RolloutRole:
         it to that value mid-step, and vLLM's CPU attention, which planned with the other,
         fails (``Check failed: input->metadata->thread_num == thread_num (2 vs. 1)``).
         """
-        from bidirl.engines.trainer_torch import set_torch_threads
+        # lazy: pulls in torch, which loads after apply_vllm_env (see __init__)
+        from bidirl.engines.torch_setup import set_torch_threads
 
         set_torch_threads(self._threads)
         while True:
             with self._cv:
-                while not self._closed and (self._waiting or self._paused or not self._live
+                while not self._closed and (self._waiting or self._paused or not self._requests.live
                                             or self._error is not None):
                     self._cv.wait(0.05 if self._waiting else None)
                 if self._closed:
@@ -413,10 +329,9 @@ class RolloutRole:
                 # vLLM runs at most max_num_seqs requests; the others wait for a slot.  A step
                 # prefills only when a request without its first token has a slot: one that
                 # waits is neither prefilled nor decoded, so it counts in neither model.
-                decoding = len(self._live) - len(self._unprefilled)  # requests past their prefill
-                prefilling = bool(self._unprefilled) and decoding < self._max_seqs
-                batch = decoding
-                ctx = sum(n for rid, n in self._context.items() if rid not in self._unprefilled)
+                decoding = self._requests.decoding  # requests past their prefill: the batch
+                prefilling = bool(self._requests.unprefilled) and not self._requests.slots_full
+                ctx = self._requests.decoding_context()
             outputs, took, error = None, 0.0, None
             try:
                 t0 = time.perf_counter()
@@ -428,104 +343,24 @@ class RolloutRole:
                 self._stepping = False
                 if error is None:
                     try:
-                        self._after_step(outputs, took, prefilling, decoding, batch, ctx)
+                        self._after_step(outputs, took, prefilling, decoding, ctx)
                     except Exception as e:  # a bookkeeping bug must surface, not kill the thread
                         error = e
                 if error is not None:
                     self._error = error
                 self._cv.notify_all()
 
-    def _after_step(self, outputs, took: float, prefilling: bool, decoding: int, batch: int,
-                    ctx: int) -> None:
+    def _after_step(self, outputs, took: float, prefilling: bool, decoding: int, ctx: int) -> None:
         """Absorb one engine step's outputs and time it (under the condition's lock)."""
-        left = dict(self._unprefilled)
+        book = self._requests
+        left = dict(book.unprefilled)
         for out in outputs:
-            res = self._absorb(out)
+            res = book.absorb(out, self.version)
             if res is not None:
                 self._finished.append(res)
         if not prefilling:
-            self._measurements.append((batch, ctx, took))
-            self._decode_step_s = took
-            self._decode_steps.append(took)
+            self._timing.decode_step(decoding, ctx, took)
             return
-        b = self._burst  # see the module docstring: a burst, not a decode step
-        b[0] += sum(n for rid, n in left.items() if rid not in self._unprefilled)
-        b[1] += max(0.0, took - (self._decode_step_s if decoding else 0.0))
-        b[2] += 1
-        b[3] += batch
-        b[4] += ctx
-        b[5] += took
-        ref = median(self._decode_steps) if decoding and self._decode_steps else 0.0
-        b[6] += max(0.0, took - ref)
-        if not self._unprefilled or len(self._live) - len(self._unprefilled) >= self._max_seqs:
-            self._prefills.append(PrefillBurst(*b))
-            self._burst = _new_burst()
-
-    # -- internals --------------------------------------------------------------------
-    def _add(self, rid: str, r: ResponseRequest, res: ResponseResult) -> None:
-        """Start engine request ``rid`` continuing ``res`` (the response so far) of ``r``."""
-        from vllm import SamplingParams
-
-        done = len(res.token_ids)
-        # A restarted response must not replay the random stream that made its prefix.
-        seed = r.seed if done == len(r.prefix_ids) else (r.seed * 1_000_003 + done) & 0x7FFFFFFF
-        sp = SamplingParams(max_tokens=r.max_new_tokens - done, temperature=r.temperature,
-                            top_p=self.top_p, top_k=self.top_k, logprobs=0, seed=seed,
-                            min_tokens=max(0, min(self.min_tokens, r.max_new_tokens) - done))
-        context = r.prompt_ids + res.token_ids
-        self._engine.add_request(rid, {"prompt_token_ids": context}, sp)
-        self._live[rid], self._partial[rid], self._base[rid] = r, res, done
-        self._context[rid] = len(context)
-        self._unprefilled[rid] = len(context)
-
-    def _forget(self, rid: str) -> tuple[ResponseRequest, ResponseResult]:
-        """Drop engine request ``rid`` from the bookkeeping; returns its request and progress."""
-        self._context.pop(rid)
-        self._base.pop(rid)
-        self._unprefilled.pop(rid, None)
-        return self._live.pop(rid), self._partial.pop(rid)
-
-    def _restart_live(self) -> None:
-        """Re-prefill every live response (after a weight update: no KV from old weights)."""
-        ids = list(self._live)
-        if not ids:
-            return
-        self._engine.abort_request(ids)
-        for rid in ids:
-            r, res = self._forget(rid)
-            self._restarts += 1
-            self._add(f"{r.request_id}.u{self._restarts}", r, self._restarted(r, res))
-
-    def _restarted(self, r: ResponseRequest, res: ResponseResult) -> ResponseResult:
-        """What a restarted request continues: its progress, or nothing (reproducible mode)."""
-        return self._empty_result(r) if self.reproducible else res
-
-    def _empty_result(self, r: ResponseRequest) -> ResponseResult:
-        return ResponseResult(r.group_id, r.index, r.prompt_ids, list(r.prefix_ids),
-                              list(r.prefix_logprobs), list(r.prefix_versions), False, None,
-                              r.max_new_tokens, r.temperature, r.seed)
-
-    def _absorb(self, out) -> ResponseResult | None:
-        rid = out.request_id
-        req, res = self._live.get(rid), self._partial.get(rid)
-        if req is None:
-            return None
-        comp = out.outputs[0]
-        new_ids = list(comp.token_ids)
-        have = len(res.token_ids) - self._base[rid]
-        fresh = new_ids[have:]
-        if fresh:
-            lps = comp.logprobs or []
-            for j, tok in enumerate(fresh, start=have):
-                entry = lps[j] if j < len(lps) else None
-                res.token_ids.append(tok)
-                res.logprobs.append(float(entry[tok].logprob) if entry and tok in entry else 0.0)
-                res.versions.append(self.version)
-            self._context[rid] += len(fresh)
-            self._unprefilled.pop(rid, None)
-        if out.finished:
-            res.finished = True
-            res.finish_reason = comp.finish_reason
-            self._forget(rid)
-            return res
-        return None
+        tokens = sum(n for rid, n in left.items() if rid not in book.unprefilled)
+        self._timing.prefill_step(tokens, took, decoding, ctx,
+                                  burst_over=not book.unprefilled or book.slots_full)

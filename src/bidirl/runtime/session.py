@@ -61,6 +61,7 @@ from bidirl.runtime.checkpoints import (  # noqa: F401  (re-exported for the tes
     select_checkpoint,
 )
 from bidirl.runtime.config import TrainConfig
+from bidirl.runtime.messages import rollout_wire
 from bidirl.runtime.stops import StopSignals, nonfinite_step_error  # noqa: F401
 
 
@@ -139,7 +140,7 @@ class TrainSession:
 
     def run(self) -> dict:
         from bidirl.algo.data import PromptCursor
-        from bidirl.algo.tiny_model import encode_prompt, load_tokenizer
+        from bidirl.models.tiny import encode_prompt, load_tokenizer
         from bidirl.runtime.cluster import ray_session_started
         from bidirl.runtime.group_store import GroupStore
         from bidirl.runtime.placement import check_machine_fits
@@ -229,11 +230,7 @@ class TrainSession:
             import dataclasses
 
             spec = dataclasses.replace(spec, reproducible=True)
-        rollout_kwargs = dict(model_dir=model_dir, max_num_seqs=cfg.rollout.max_num_seqs,
-                              max_model_len=self.prompt_lengths.max_model_len,
-                              dtype=cfg.model.dtype, kv_cache_bytes=cfg.rollout.kv_cache_mb << 20,
-                              top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                              min_tokens=cfg.rollout.min_new_tokens, reproducible=cfg.scheduler.reproducible)
+        rollout_kwargs = rollout_wire(cfg, model_dir, self.prompt_lengths.max_model_len)
         from bidirl.engines.trainer_config import NonFiniteStepError, trainer_wire
 
         trainer_config = trainer_wire(cfg.trainer, device=cfg.cluster.device, seed=cfg.run.seed,

@@ -32,8 +32,8 @@ def prepare_model(cfg: TrainConfig) -> str:
     """A local HF model directory: the user's, or bidirl's tiny model plus a warm start."""
     if cfg.model.path:
         return str(Path(cfg.model.path).resolve())
-    from bidirl.algo.tiny_model import build_tiny_model
-    from bidirl.algo.warm_start import warm_start
+    from bidirl.models.tiny import build_tiny_model
+    from bidirl.models.warm_start import warm_start
 
     base = MODELS_CACHE / f"tiny-L{cfg.model.tiny_layers}-H{cfg.model.tiny_hidden}"
     build_tiny_model(base, layers=cfg.model.tiny_layers, hidden=cfg.model.tiny_hidden)
@@ -128,7 +128,7 @@ def prompt_token_lengths(tok, rows) -> list[int]:
     against :func:`encode_prompt` and, should a tokenizer disagree, the batch is encoded one
     row at a time instead.
     """
-    from bidirl.algo.tiny_model import encode_prompt
+    from bidirl.models.tiny import encode_prompt
 
     lengths: list[int] = []
     for start in range(0, len(rows), _CHUNK):
@@ -465,7 +465,6 @@ def main(args, wrap_backend=None) -> int:
     """
     from bidirl.runtime.session import TrainSession
 
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading bars (warm start)
     overrides = list(args.overrides or [])
     if getattr(args, "print_config", False):
         path = str(resolve_run_dir(None, args.resume, None) / "config.yaml") if args.resume else args.config

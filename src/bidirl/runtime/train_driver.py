@@ -109,6 +109,7 @@ class TrainDriver:
 
     def _layout(self, a: StartTrainStep) -> tuple[StepRecord, list[list[dict]]]:
         """Score the batch, compute advantages, cut the samples into the micro-batches."""
+        # lazy: pulls in torch, which the executor's module does not need until a step is laid out
         from bidirl.algo.grpo import group_advantages_lists
 
         ex = self.ex
@@ -141,10 +142,10 @@ class TrainDriver:
     def _weights_for(self, dev: int) -> None:
         """An auxiliary on ``dev`` computes on the primary's weights of this step."""
         ex = self.ex
-        if ex.aux_version.get(dev) != ex.version:
+        if ex.weights.aux.get(dev) != ex.weights.version:
             ex.calls.issue(dev, lambda _: None, ("aux_train", "load weights"), "call",
-                           "aux_train", "set_weights", ex.primary_weights(), ex.version)
-            ex.aux_version[dev] = ex.version
+                           "aux_train", "set_weights", ex.primary_weights(), ex.weights.version)
+            ex.weights.aux[dev] = ex.weights.version
 
     # -- calls ---------------------------------------------------------------------------
     def _compute(self, st: _Step, dev: int, role: str, i: int, on_done, on_lost=None) -> None:
@@ -278,7 +279,7 @@ class TrainDriver:
             pending["n"] -= 1
             if pending["n"] == 0:
                 rec.finished_s = ex.now()
-                ex.version = a.step + 1 + ex.job.version_offset
+                ex.weights.version = a.step + 1 + ex.job.version_offset
                 self.current = None
                 ex.deliver(TrainStepFinished(a.step, a.step + 1, rec.finished_s - rec.started_s))
                 if ex.on_step:

@@ -9,12 +9,14 @@ whichever device produced which chunk: borrowing does not change the update.
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
 from bidirl.engines.train_batch import GradChunk, TrainSample
 from bidirl.engines.trainer_config import from_wire
 from bidirl.engines.trainer_torch import TorchTrainer
+from bidirl.runtime.checkpoints import checkpoint_dirs
 
 
 class TrainerRole:
@@ -81,15 +83,11 @@ class TrainerRole:
     def save(self, ckpt_dir: str) -> str:
         """Checkpoint ``step_<k>/``: ``model/`` (a Hugging Face model directory) and
         ``trainer/`` (optimizer and version)."""
-        from bidirl.runtime.checkpoints import checkpoint_dirs
-
         trainer_dir, model_dir = checkpoint_dirs(ckpt_dir, writing=True)
         return str(self.trainer.save_checkpoint(trainer_dir, model_dir))
 
     def load(self, ckpt_dir: str) -> int:
         """Read what :meth:`save` wrote (or a checkpoint of the older layout, weights in ``trainer/``)."""
-        from bidirl.runtime.checkpoints import checkpoint_dirs
-
         self.trainer.load_checkpoint(*checkpoint_dirs(ckpt_dir))
         return self.trainer.version
 
@@ -102,7 +100,5 @@ class TrainerRole:
         return None
 
     def release(self) -> None:
-        import gc
-
         del self.trainer
         gc.collect()

@@ -11,9 +11,10 @@ conftest can use it before either loads.
 - ``TOKENIZERS_PARALLELISM=false``: no tokenizer thread pool (and no fork warning).
 - ``OMP_NUM_THREADS``: one intra-op thread per worker; vLLM replaces
   ``torch.set_num_threads`` process-wide once it loads, so thread counts are fixed before.
-- ``VLLM_LOGGING_LEVEL`` (``run.worker_log_level``, WARNING by default) and
-  ``HF_HUB_DISABLE_PROGRESS_BARS=1``: no INFO lines and no progress bars from vLLM's and
-  transformers' model loading.  The level travels as ``BIDIRL_WORKER_LOG_LEVEL`` too.
+- ``VLLM_LOGGING_LEVEL`` (``run.worker_log_level``, WARNING by default): no INFO lines from
+  vLLM's model loading.  The level travels as ``BIDIRL_WORKER_LOG_LEVEL`` too.  (Hugging
+  Face's progress bars are switched off by the worker itself:
+  ``engines/hf_io.quiet_hf_progress_bars``.)
 
 Above INFO, :func:`quiet_known_warnings` also drops, at their loggers, the vLLM warnings
 this configuration always produces and that say nothing about the run: the
@@ -85,8 +86,7 @@ def vllm_env(threads: int | None = 1, log_level: str | None = None) -> dict[str,
     if log_level is not None:
         if log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {log_level!r}")
-        env.update(VLLM_LOGGING_LEVEL=log_level.upper(), BIDIRL_WORKER_LOG_LEVEL=log_level,
-                   HF_HUB_DISABLE_PROGRESS_BARS="1")
+        env.update(VLLM_LOGGING_LEVEL=log_level.upper(), BIDIRL_WORKER_LOG_LEVEL=log_level)
     return env
 
 

@@ -16,6 +16,8 @@ import os
 import time
 from typing import Any
 
+from bidirl.engines.hf_io import quiet_hf_progress_bars
+from bidirl.runtime.rollout_role import RolloutRole
 from bidirl.runtime.vllm_env import apply_vllm_env, vllm_env
 
 
@@ -25,6 +27,7 @@ class DeviceWorker:
     def __init__(self, device: int, pool: str, threads: int = 1, seed: int = 0) -> None:
         # Thread counts must be fixed before vLLM loads: it replaces them process-wide.
         apply_vllm_env(threads)
+        quiet_hf_progress_bars()
         import torch
 
         torch.set_num_threads(threads)
@@ -53,14 +56,13 @@ class DeviceWorker:
                 r.set_weights(kwargs["weights"], kwargs.get("version", 0))
             self.roles[role] = r
         elif role == "rollout":
-            from bidirl.runtime.rollout_role import RolloutRole
-
             weights, version = kwargs.pop("weights", None), kwargs.pop("version", 0)
             r = RolloutRole(seed=self.seed, **kwargs)
             if weights is not None:
                 r.update_weights(weights, version)
             self.roles[role] = r
         elif role in ("train", "aux_train"):
+            # lazy: pulls in torch, and the driver imports this module to start the workers
             from bidirl.runtime.trainer_role import TrainerRole
 
             group = None
@@ -69,7 +71,7 @@ class DeviceWorker:
             addr = kwargs.pop("dp_addr", "127.0.0.1")  # across nodes: rank 0's node address
             ckpt = kwargs.pop("checkpoint", None)
             if world > 1:  # the primary trainer's data-parallel group (gloo on CPU)
-                from bidirl.engines.trainer_torch import init_process_group
+                from bidirl.engines.torch_setup import init_process_group  # lazy: torch, as TrainerRole
 
                 group = init_process_group(rank, world, master_addr=addr, master_port=port)
             r = TrainerRole(threads=self.threads, process_group=group, **kwargs)

@@ -22,6 +22,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from bidirl.engines.hf_io import quiet_hf_progress_bars
+
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>"]
 PAD, BOS, EOS, UNK = SPECIAL_TOKENS[:4]
 VOCAB_SIZE = 320
@@ -124,6 +126,7 @@ def build_tiny_model(out_dir: str | Path, layers: int = 2, hidden: int = 128, he
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
+    quiet_hf_progress_bars()
     config = tiny_config(layers, hidden, heads, kv_heads, max_len)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32)

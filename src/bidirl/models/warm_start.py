@@ -20,16 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bidirl.algo.tiny_model import replace_dir
+from bidirl.algo.tasks import mixed_rows
+from bidirl.engines.hf_io import quiet_hf_progress_bars
+from bidirl.models.tiny import encode_prompt, replace_dir
 
 _MARKER = "bidirl_warm_start.json"
 
 
 def sft_examples(task_names: list[str], n: int, tokenizer, seed: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids + EOS) pairs drawn from the built-in tasks."""
-    from bidirl.algo.tasks import mixed_rows
-    from bidirl.algo.tiny_model import encode_prompt
-
     out = []
     for row in mixed_rows(task_names, n, seed=seed, split="sft"):
         prompt = encode_prompt(tokenizer, row["prompt"])
@@ -79,9 +78,11 @@ def warm_start(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if num_threads is not None:
-        from bidirl.engines.trainer_torch import set_torch_threads
+    # lazy, as torch above: not loaded when the warm start is on disk already
+    from bidirl.engines.torch_setup import set_torch_threads
 
+    quiet_hf_progress_bars()
+    if num_threads is not None:
         set_torch_threads(num_threads)
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(str(model_dir))

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from bidirl.algo.tasks import get_task
-from bidirl.algo.tiny_model import build_tiny_model, build_tokenizer, encode_prompt, load_tokenizer
+from bidirl.models.tiny import build_tiny_model, build_tokenizer, encode_prompt, load_tokenizer
 
 TEXTS = ["copy 4821", "a b\n\n  c", "reverse 007\t!", "héllo ✓", "<|user|>x<|assistant|>y<|eos|>"]
 
@@ -60,7 +60,7 @@ def test_build_is_idempotent_and_rebuilds_on_change(tmp_path):
 def test_warm_start_gives_partial_reward(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from bidirl.algo.warm_start import warm_start, warm_start_report
+    from bidirl.models.warm_start import warm_start, warm_start_report
 
     def mean_reward(model_dir):
         """Mean copy reward of one sampled response (temperature 1, 10 tokens) per test prompt."""
