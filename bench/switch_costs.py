@@ -64,7 +64,6 @@ def tiny_model() -> str:
 def one_node(model: str, device: str, rounds: int) -> dict:
     """Both directions on this machine's two devices: cold, then ``rounds`` hot switches each."""
     from bidirl.engines.trainer_config import TrainerConfig, trainer_wire
-    from bidirl.models.tiny import build_tiny_model
     from bidirl.runtime.cluster import ray_session
     from bidirl.runtime.messages import ResponseRequest
     from bidirl.runtime.worker import worker_class
