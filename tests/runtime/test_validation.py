@@ -127,7 +127,7 @@ def test_the_reporter_logs_verl_names_validation_and_samples(tmp_path):
     rep, boundary = reporters[0]
     rep.close()
     boundary.close()
-    assert sorted(boundary.rewards_by_step) == list(range(steps)) and boundary.boundary == steps
+    assert sorted(boundary.rewards_by_step) == list(range(steps)) and boundary.next_step == steps
     totals = rep._guard_totals()
     rep.metrics.close()
     records = read_metrics(tmp_path)

@@ -36,7 +36,7 @@ class StepBoundary:
         self.ex, self.cursor, self.reporter = ex, cursor, reporter
         self.start_step = start_step
         self.rewards_by_step = rewards_by_step
-        self.boundary = start_step  # the step after the last one applied: where a checkpoint may be taken
+        self.next_step = start_step  # the step after the last one applied: where a checkpoint may be taken
         self.stopped_at: int | None = None  # a stop's boundary, once its checkpoint is written
         self.checkpointed: int | None = None  # the newest checkpoint this session wrote
         self.ledger = LedgerFile(ledger_path)
@@ -56,17 +56,17 @@ class StepBoundary:
             store.pop(g)
         self.rewards_by_step[rec.step] = statistics.mean(rec.rewards)
         self.reporter.report_step(rec, groups)
-        self.boundary = rec.step + 1
+        self.next_step = rec.step + 1
         val = self.ex.validator
-        if val is not None and cfg.run.val_every and self.boundary % cfg.run.val_every == 0 \
-                and self.boundary < cfg.run.steps:  # the last step's is the final validation, after the loop
-            val.request(self.boundary)
+        if val is not None and cfg.run.val_every and self.next_step % cfg.run.val_every == 0 \
+                and self.next_step < cfg.run.steps:  # the last step's is the final validation, after the loop
+            val.request(self.next_step)
         every = cfg.run.checkpoint_every
-        if (every and self.boundary % every == 0) or self.boundary == cfg.run.steps:  # the last step always
-            self.checkpoint(self.boundary)
-        if self.stop.requested and self.stopped_at is None and self.boundary < cfg.run.steps:
+        if (every and self.next_step % every == 0) or self.next_step == cfg.run.steps:  # the last step always
+            self.checkpoint(self.next_step)
+        if self.stop.requested and self.stopped_at is None and self.next_step < cfg.run.steps:
             self.checkpoint_boundary()  # a signal: this boundary is where the run stops
-            self.stopped_at = self.boundary
+            self.stopped_at = self.next_step
 
     def checkpoint(self, next_step: int) -> Path:
         """A checkpoint of boundary ``next_step`` (``checkpoints.write_checkpoint``)."""
@@ -76,9 +76,9 @@ class StepBoundary:
         return out
 
     def checkpoint_boundary(self) -> None:
-        """A checkpoint of the current boundary, unless this session already wrote it."""
-        if self.checkpointed != self.boundary and self.boundary > self.start_step:
-            self.checkpoint(self.boundary)
+        """A checkpoint of the current boundary (``next_step``), unless this session already wrote it."""
+        if self.checkpointed != self.next_step and self.next_step > self.start_step:
+            self.checkpoint(self.next_step)
 
     def close(self) -> None:
         self.ledger.close()

@@ -87,6 +87,9 @@ from bidirl.runtime.validation import Validator, ValSet, score_validation
 
 
 class TrainSession:
+    """One run, resumed or new: ``prepare_resume`` (resume only), then ``run`` (start, run,
+    stop; the summary it returns is ``summary.json``'s)."""
+
     def __init__(self, cfg: TrainConfig, run_dir: Path, resume: bool = False, wrap_backend=None,
                  ray_address: str | None = None) -> None:
         """``wrap_backend(backend, spec) -> backend`` lets tests inject faults around the
@@ -237,17 +240,17 @@ class TrainSession:
         loop_wall, loop_tally = loop if loop is not None else (wall, None)
         summary = run_summary(cfg, self.ledger_path, self.rewards_by_step, loop_wall, ex,
                               clip_intervals(intervals, loop_wall), self.placement,
-                              upto=None if finished else boundary.boundary, tally=loop_tally)
+                              upto=None if finished else boundary.next_step, tally=loop_tally)
         summary["final_validation_s"] = round(wall - loop_wall, 3)
         summary["model_dir"] = self.publish_model()
         if not finished:
             summary["stopped"] = self._stop_record(failed)
-        reporter.finish(summary, intervals, final_step=cfg.run.steps if finished else boundary.boundary)
+        reporter.finish(summary, intervals, final_step=cfg.run.steps if finished else boundary.next_step)
         write_admissions(self.run_dir / "admissions.jsonl", ex.controller.state.admissions)
         calibrated_scenario.write(self.run_dir, cfg, ex, intervals, wall=loop_wall)  # this run, for the simulator
         if failed is not None:
             what = " ".join(str(failed).split()).split(": no weight")[0]
-            raise NonFiniteStepError(f"{what}: no weight was changed; checkpoint of step {boundary.boundary} "
+            raise NonFiniteStepError(f"{what}: no weight was changed; checkpoint of step {boundary.next_step} "
                                      f"written; resume with: bidirl train --resume {self.run_dir} "
                                      "trainer.on_nonfinite=skip (or without the override, to stop at such a step "
                                      "again)")
@@ -273,7 +276,7 @@ class TrainSession:
         done = complete_checkpoints(self.ckpt_root)
         resume_step = int(done[-1].name.split("_")[1]) if done else 0
         why = "nonfinite_step" if failed is not None else self.stop.name
-        return {"by": why, "at_step": self.boundary.boundary, "resume_step": resume_step,
+        return {"by": why, "at_step": self.boundary.next_step, "resume_step": resume_step,
                 "abandoned": failed is None and self.boundary.stopped_at is None,
                 "exit_status": self.exit_status(failed)}
 
