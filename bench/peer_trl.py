@@ -87,7 +87,7 @@ def trl_child(model_dir: str, size: str, steps: int, out: str, force: bool = Fal
     from bidirl.algo.tasks import get_task
 
     task = get_task(task_name)
-    # bidirl's prompt order (train.prepare_data's 4096 rows, PromptCursor with data.seed=0).
+    # bidirl's prompt order (prepare.prepare_data's 4096 rows, PromptCursor with data.seed=0).
     cursor = PromptCursor(task.rows(4096, seed=0), seed=0)
     rows = [cursor.next().row for _ in range(PROMPTS * steps)]
     data = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]}

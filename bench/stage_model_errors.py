@@ -38,7 +38,7 @@ import numpy as np
 
 from bidirl.controller.estimates import Estimates
 from bidirl.runtime.config import load_config
-from bidirl.runtime.placement import build_spec
+from bidirl.runtime.run_spec import build_spec
 
 PREWARM = "weight_sync/prewarm"
 
@@ -96,7 +96,7 @@ def analyse(run: Path) -> dict:
     rows: dict[str, list] = {}
     errs: dict[str, list[float]] = {}
     for stage, x, s in measurements(run):
-        if stage == PREWARM:  # as runtime/session.py: learned, not scored (no prediction used it)
+        if stage == PREWARM:  # as runtime/launch.py: learned, not scored (no prediction used it)
             est.models["weight_sync"].observe(x, s, scored=False)
             continue
         if stage not in est.models:

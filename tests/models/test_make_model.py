@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from bidirl.models.make import build_tokenizer, hf_config, shape_of  # noqa: E402
 from bidirl.runtime.config import ConfigError, load_config  # noqa: E402
-from bidirl.runtime.train import check_model_shape  # noqa: E402
+from bidirl.runtime.prepare import check_model_shape  # noqa: E402
 
 TEXTS = ["What is 1234 + 5678? Think step by step.", "copy 48213\n\n  done", "héllo ✓ wörld", "don't  stop!"]
 

@@ -3,8 +3,8 @@ learned merges and a ChatML chat template (``<|im_start|>user\\n...<|im_end|>\\n
 
 Built in-process (no download): the BPE is trained on a few hundred made-up words, the
 ``config.json`` is a ``Qwen2Config`` (heads of 32, a size vLLM's CPU attention runs:
-``train.check_model_shape``).  No weights are written: measuring prompts needs only the
-tokenizer and the config (``runtime.train.fit_prompts``).  For whole model directories of
+``prepare.check_model_shape``).  No weights are written: measuring prompts needs only the
+tokenizer and the config (``runtime.prepare.fit_prompts``).  For whole model directories of
 real architectures see ``bidirl.models.make_model``.
 """
 

@@ -28,7 +28,7 @@ class FakeRun:
 
 def spec_for(rollout: int, train: int, *, steps: int, prompts: int, group_size: int, max_new: int,
              staleness: int, cap: int = 16, prompt_tokens: int = 6) -> ClusterSpec:
-    """The spec ``runtime/placement.build_spec`` builds for this cluster (one device a unit)."""
+    """The spec ``runtime/run_spec.build_spec`` builds for this cluster (one device a unit)."""
     return ClusterSpec(
         hardware="cpu-core", model="tiny-qwen2", devices=rollout + train,
         **device_layout(rollout, train, 1, rollout + train),
@@ -47,7 +47,7 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
              kill_aux_at_step: int | None = None,
              setup: Callable[[DeviceExecutor], Callable | None] | None = None) -> FakeRun:
     """``setup(executor)`` runs before the loop (e.g. to attach a validator) and may return a
-    per-step hook (e.g. a ``StepReporter``'s ``on_step``), called before the groups are retired;
+    per-step hook (e.g. a ``StepBoundary``'s ``after_step``), called before the groups are retired;
     a validator attached to the executor gets its final validation after the loop."""
     spec = spec_for(rollout, train, steps=steps, prompts=prompts, group_size=group_size, max_new=max_new,
                     staleness=staleness)
@@ -72,7 +72,7 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
 
     extra = setup(ex) if setup is not None else None
 
-    def on_step(rec) -> None:  # what the reporter does: the ledger, then the store lets go
+    def on_step(rec) -> None:  # what the step boundary does: the ledger, then the store lets go
         for g, st in zip(rec.group_ids, rec.staleness):
             out.trained[g] += 1
             out.staleness[g] = st

@@ -29,7 +29,8 @@ from runtime_cli_helpers import ROOT, SMALL, assert_run_sound, run_cli
 from bidirl.controller.estimates import Estimates
 from bidirl.controller.state import ClusterState
 from bidirl.runtime.config import ConfigError, load_config
-from bidirl.runtime.placement import assign_nodes, build_spec
+from bidirl.runtime.placement import assign_nodes
+from bidirl.runtime.run_spec import build_spec
 
 PPS = 4  # SMALL's rollout.prompts_per_step
 

@@ -22,8 +22,8 @@ pytest.importorskip("transformers")
 from bidirl.algo.data import DataError, load_dataset, save_dataset  # noqa: E402
 from bidirl.models.tiny import build_tokenizer, encode_prompt, load_tokenizer  # noqa: E402
 from bidirl.runtime.config import ConfigError, help_text, load_config  # noqa: E402
-from bidirl.runtime.placement import build_spec  # noqa: E402
-from bidirl.runtime.train import fit_prompts, model_context, prompt_token_lengths  # noqa: E402
+from bidirl.runtime.prepare import fit_prompts, model_context, prompt_token_lengths  # noqa: E402
+from bidirl.runtime.run_spec import build_spec  # noqa: E402
 
 N = 300
 

@@ -6,7 +6,7 @@
 - A weight sync into a tied model (Qwen2.5-shaped: ``lm_head`` is ``embed_tokens``, the
   trainer ships the embedding alone) and an untied one (Llama-shaped) leaves vLLM computing
   exactly what the HF model with those weights computes.
-- The head sizes ``train.check_model_shape`` accepts on a CPU are vLLM's own.
+- The head sizes ``prepare.check_model_shape`` accepts on a CPU are vLLM's own.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _finish(role):
 def test_cpu_head_sizes_are_vllms():
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from bidirl.runtime.train import CPU_HEAD_SIZES
+    from bidirl.runtime.prepare import CPU_HEAD_SIZES
 
     assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES
 

@@ -19,16 +19,18 @@ import pytest
 
 from bidirl.obs.metrics import read_metrics, truncate_metrics
 from bidirl.runtime import train
-from bidirl.runtime.config import ConfigError, load_config
-from bidirl.runtime.session import (
+from bidirl.runtime.checkpoints import (
     ResumeError,
-    StopSignals,
-    TrainSession,
-    nonfinite_step_error,
     read_jsonl,
     safetensors_problem,
     select_checkpoint,
+    write_checkpoint,
 )
+from bidirl.runtime.config import ConfigError, load_config
+from bidirl.runtime.run_dir import RESUME_CHANGES, resume_changes, truncate_ledger
+from bidirl.runtime.run_summary import audit
+from bidirl.runtime.session import TrainSession
+from bidirl.runtime.stops import StopSignals, nonfinite_step_error
 
 PPS = 2  # prompts (groups) per step in these run directories
 
@@ -116,9 +118,9 @@ def test_ledger_truncation_tolerates_a_torn_last_line(tmp_path):
     with (run / "trained_groups.jsonl").open("a") as f:
         f.write('{"group": 10, "st')
     s = _session(run)
-    s._truncate_ledger(3)
+    truncate_ledger(s.ledger_path, 3)
     assert [r["step"] for r in read_jsonl(s.ledger_path)[0]] == [0, 0, 1, 1, 2, 2]
-    assert s.audit(upto=3)["ok"] and not s.audit()["ok"]
+    assert audit(s.ledger_path, s.cfg, upto=3)["ok"] and not audit(s.ledger_path, s.cfg)["ok"]
 
 
 # -- checkpoint selection ----------------------------------------------------------------------
@@ -292,12 +294,12 @@ def test_resume_refusal_lists_every_refused_field(tmp_path):
     msg = str(e.value)
     assert "data.seed is 0 in the checkpointed run" in msg and "rollout.group_size is 8" in msg, msg
     assert "trainer.lr" not in msg.split(": the data stream")[0], "an allowed change is not listed as refused"
-    assert not (run / train.RESUME_CHANGES).exists(), "nothing recorded for a refused resume"
+    assert not (run / RESUME_CHANGES).exists(), "nothing recorded for a refused resume"
 
 
 def test_resume_allows_safe_overrides():
     saved = load_config(None, [])
-    changes = train.resume_changes(saved, load_config(None, [
+    changes = resume_changes(saved, load_config(None, [
         "run.steps=900", "run.checkpoint_every=5", "run.tensorboard=false", "run.plot=false",
         "scheduler.policy=async", "cluster.rollout_devices=2", "cluster.prewarm=false", "run.keep_checkpoints=3",
         "trainer.on_nonfinite=stop", "trainer.micro_batch_size=4", "data.on_bad_reward=zero",
@@ -309,13 +311,13 @@ def test_resume_allows_safe_overrides():
 def test_resume_records_the_changes_it_allows(tmp_path, capsys):
     run = _run_dir(tmp_path, 6, checkpoints=(6,), steps=6)
     assert train.main(_args("--resume", str(run), "trainer.lr=1e-4", "run.plot=false")) == 0  # finished
-    lines = [json.loads(ln) for ln in (run / train.RESUME_CHANGES).read_text().splitlines()]
+    lines = [json.loads(ln) for ln in (run / RESUME_CHANGES).read_text().splitlines()]
     assert [(r["step"], r["field"], r["old"], r["new"]) for r in lines] == [
         (6, "run.plot", True, False), (6, "trainer.lr", 1e-3, 1e-4)]
     assert "resume from step 6 changes run.plot True -> False, trainer.lr 0.001 -> 0.0001" in capsys.readouterr().err
     assert load_config(str(run / "config.yaml")).trainer.lr == 1e-4
     assert train.main(_args("--resume", str(run), "trainer.lr=1e-4")) == 0  # the same again: no change
-    assert len((run / train.RESUME_CHANGES).read_text().splitlines()) == 2
+    assert len((run / RESUME_CHANGES).read_text().splitlines()) == 2
 
 
 def test_resume_refuses_a_config_yaml_cut_short(tmp_path):
@@ -379,7 +381,6 @@ def test_a_refused_checkpoint_leaves_no_partial_directory(tmp_path):
     from bidirl.engines.trainer_config import NonFiniteWeightsError
 
     run = _run_dir(tmp_path, 4, checkpoints=(3,))
-    s = _session(run)
 
     class Layout:
         train_devices = [0]
@@ -393,7 +394,8 @@ def test_a_refused_checkpoint_leaves_no_partial_directory(tmp_path):
             raise NonFiniteWeightsError("refusing to write: NaN")
 
     with pytest.raises(NonFiniteWeightsError):
-        s.checkpoint(4, RefusingTrainer())
+        write_checkpoint(run / "checkpoints", 4, RefusingTrainer(), store=None, cursor=None, rewards_by_step={},
+                         prompts_per_step=PPS, keep=2)
     assert not (run / "checkpoints" / "step_4").exists()
     assert (run / "checkpoints" / "step_3" / "COMPLETE").is_file()
 

@@ -103,7 +103,7 @@ def _reward_file(tmp_path, body: str):
                                              ("    return solution_str[5]\n", "raised IndexError")])
 def test_prepare_data_tries_the_reward_before_any_worker(tmp_path, body, shown, capsys):
     from bidirl.runtime.config import load_config
-    from bidirl.runtime.train import prepare_data
+    from bidirl.runtime.prepare import prepare_data
 
     path = _reward_file(tmp_path, body)
     with pytest.raises(BadRewardError) as info:
@@ -116,7 +116,7 @@ def test_prepare_data_tries_the_reward_before_any_worker(tmp_path, body, shown, 
 
 def test_prepare_data_accepts_the_builtin_and_a_good_file(tmp_path):
     from bidirl.runtime.config import ConfigError, load_config
-    from bidirl.runtime.train import prepare_data
+    from bidirl.runtime.prepare import prepare_data
 
     rows, fn = prepare_data(load_config())
     assert fn.on_bad_reward == "error" and fn(rows[0].data_source, "", rows[0].ground_truth, {}) == 0.0

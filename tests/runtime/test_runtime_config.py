@@ -91,7 +91,7 @@ def test_help_lists_every_field_with_its_doc():
 def test_a_length_curriculum_grows_the_cap_linearly_by_step():
     from bidirl.runtime.config import load_config
     from bidirl.runtime.group_store import GroupStore
-    from bidirl.runtime.train import response_cap
+    from bidirl.runtime.prepare import response_cap
 
     cfg = load_config(None, ["rollout.max_new_tokens=128", "rollout.max_new_tokens_start=32",
                              "rollout.prompts_per_step=4", "run.steps=5"])

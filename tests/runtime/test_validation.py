@@ -9,7 +9,6 @@ logs veRL's metric names, the validation metrics at step = version, and ``sample
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 from fake_run import reward, run_fake
@@ -18,7 +17,11 @@ from bidirl.algo.data import PromptRow
 from bidirl.obs.accounting import check_conservation
 from bidirl.obs.metrics import read_metrics
 from bidirl.obs.samples_log import read_samples, truncate_samples
+from bidirl.runtime.boundary import StepBoundary
+from bidirl.runtime.config import load_config
 from bidirl.runtime.group_store import BadRewardError, RewardFn
+from bidirl.runtime.reporting import StepReporter
+from bidirl.runtime.stops import StopSignals
 from bidirl.runtime.validation import Validator, ValSet, score_validation
 
 
@@ -102,16 +105,7 @@ def test_validation_stays_out_of_the_ledger_and_follows_the_weights(policy):
     assert check_conservation(run.intervals, spec.devices, wall, tol=1e-9) == []
 
 
-def _stub_session(tmp_path):
-    return SimpleNamespace(run_dir=tmp_path, start_step=0, ledger_path=tmp_path / "trained_groups.jsonl",
-                           rewards_by_step={}, boundary=0, stop=SimpleNamespace(requested=False), stopped_at=None,
-                           checkpoint=lambda k, rt: None, checkpoint_boundary=lambda rt: None)
-
-
 def test_the_reporter_logs_verl_names_validation_and_samples(tmp_path):
-    from bidirl.runtime.config import load_config
-    from bidirl.runtime.reporting import StepReporter
-
     steps = 6
     cfg = load_config(None, [f"run.steps={steps}", "run.val_every=2", "run.train_samples_every=2",
                              "run.train_samples=2", "run.val_samples=3", "run.tensorboard=false",
@@ -119,17 +113,21 @@ def test_the_reporter_logs_verl_names_validation_and_samples(tmp_path):
     reporters = []
 
     def setup(ex):
-        rep = StepReporter(_stub_session(tmp_path), ex, cfg)
+        rep = StepReporter(cfg, tmp_path, 0, ex)
         rep.progress.stream = open(tmp_path / "progress.txt", "w")  # noqa: SIM115 - closed by the reporter
         vs = _val_set()
         ex.validator = Validator(ex, vs, lambda out: score_validation(vs, out, reward, str, n_samples=3),
                                  rep.on_validation)
-        reporters.append(rep)
-        return rep.on_step
+        boundary = StepBoundary(cfg, tmp_path, 0, {}, StopSignals(), ex, None, rep, tmp_path / "trained_groups.jsonl")
+        boundary.checkpoint = lambda next_step: None  # a fake trainer saves nothing: this test is the reports
+        reporters.append((rep, boundary))
+        return boundary.after_step
 
     run_fake("async", steps=steps, setup=setup)
-    rep = reporters[0]
+    rep, boundary = reporters[0]
     rep.close()
+    boundary.close()
+    assert sorted(boundary.rewards_by_step) == list(range(steps)) and boundary.next_step == steps
     totals = rep._guard_totals()
     rep.metrics.close()
     records = read_metrics(tmp_path)

@@ -5,7 +5,10 @@ they fail the same way.  A config is a tree of dataclasses whose fields are decl
 with ``option(default, doc, ...)`` (a leaf) or ``section(cls, doc)`` (a nested
 dataclass); the documentation and the allowed range live in the field's metadata
 (``metadata["doc"]``, ``["ge"]``, ``["gt"]``, ``["le"]``, ``["lt"]``, ``["choices"]``), so
-the loader, the error messages and ``--help`` read the same source.
+the loader, the error messages and ``--help`` read the same source.  So does whether a
+resumed run may change the field (``option(..., resume_safe=True)``, or
+``section(..., resume_safe=True)`` for a whole section), which ``flagged(cls, "a.b.c",
+"resume_safe")`` reads.
 
 ``build(cls, data)`` turns a mapping (from YAML) into an instance, rejecting unknown
 fields, wrong types, values outside ``Literal[...]`` or ``choices``, and out-of-range
@@ -32,7 +35,7 @@ from dataclasses import MISSING, field
 from typing import Any, Literal, Union
 
 __all__ = ["FieldError", "option", "section", "build", "check_fields", "set_path", "describe",
-           "as_dict", "format_fields", "yaml_error"]
+           "as_dict", "format_fields", "flagged", "flagged_names", "yaml_error"]
 
 
 class FieldError(ValueError):
@@ -41,17 +44,19 @@ class FieldError(ValueError):
 
 def option(default: Any = MISSING, doc: str = "", *, default_factory: Any = MISSING,
            ge: float | None = None, gt: float | None = None, le: float | None = None,
-           lt: float | None = None, choices: Any = None) -> Any:
-    """A documented leaf field.  ``choices``: a collection or a zero-argument callable."""
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices}
+           lt: float | None = None, choices: Any = None, resume_safe: bool = False) -> Any:
+    """A documented leaf field.  ``choices``: a collection or a zero-argument callable;
+    ``resume_safe``: a resumed run may change it (see :func:`flagged`)."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "resume_safe": resume_safe}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def section(cls: type, doc: str = "") -> Any:
-    """A documented nested dataclass field, defaulting to ``cls()``."""
-    return field(default_factory=cls, metadata={"doc": doc})
+def section(cls: type, doc: str = "", resume_safe: bool = False) -> Any:
+    """A documented nested dataclass field, defaulting to ``cls()``; ``resume_safe``: every
+    field of the section is (see :func:`flagged`)."""
+    return field(default_factory=cls, metadata={"doc": doc, "resume_safe": resume_safe})
 
 
 @functools.cache
@@ -277,6 +282,36 @@ def describe(cls: type, path: str = "") -> Iterator[tuple[str, str, Any, str]]:
         if allowed is not None:
             doc = f"{doc} (one of {', '.join(map(str, allowed))})"
         yield name, _type_name(tp), default, doc
+
+
+def flagged(cls: type, dotted: str, flag: str) -> bool:
+    """Whether the field at ``dotted`` (``a.b.c``), or a section on its path, sets ``flag``
+    in its metadata; False for a path that names no field.  A path below a leaf (a
+    mapping-valued field flattened) takes the leaf's flag."""
+    for name in dotted.split("."):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if name not in fields:
+            return False
+        if fields[name].metadata.get(flag):
+            return True
+        sub, _ = _split_optional(_hints(cls)[name])
+        if not dataclasses.is_dataclass(sub):
+            return False
+        cls = sub
+    return False
+
+
+def flagged_names(cls: type, flag: str, path: str = "") -> Iterator[str]:
+    """The fields that set ``flag``, in declaration order: a flagged section as ``name.``
+    (all of it), a flagged leaf by its dotted name."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        name = f"{path}.{f.name}" if path else f.name
+        base, _ = _split_optional(hints[f.name])
+        if f.metadata.get(flag):
+            yield name + "." if dataclasses.is_dataclass(base) else name
+        elif dataclasses.is_dataclass(base):
+            yield from flagged_names(base, flag, name)
 
 
 def format_fields(cls: type, width: int = 34) -> str:

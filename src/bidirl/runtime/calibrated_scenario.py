@@ -10,9 +10,10 @@ At the end of ``bidirl train`` the run directory gets
 
 What the scenario holds, and where each figure comes from:
 
-* the cluster: the run's devices and pools, the hardware and model profile names its
-  controller used (``placement.build_spec``: their priors are where the simulated
-  scheduler starts, as the real one did, ``sim.prior_scale: 1``), the replica's
+* the cluster: the run's devices and pools, the hardware and model profiles its
+  controller used (``run_spec.build_spec``: their priors are where the simulated
+  scheduler starts, as the real one did, ``sim.prior_scale: 1``; a model of its own, from
+  ``model.path``, written out field by field), the replica's
   concurrency cap (``rollout.max_num_seqs``) and the micro-batch size;
 * ``calibration``: the stage models fitted to the whole run's measurements (robust fit,
   ``perf.calibration``, started from the run's own online fit), each then scaled so that
@@ -46,15 +47,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from bidirl.controller.cluster import ClusterSpec
 from bidirl.controller.events import GroupsCompleted, StageMeasured, TrainStepFinished, WeightsSynced
 from bidirl.perf.calibration import LinearTimeModel
 from bidirl.perf.scenario import from_dict
+from bidirl.runtime.config import load_config
 from bidirl.runtime.rollout_driver import DECODE_REMAINDER
+from bidirl.runtime.run_spec import build_spec
 
 STAGES = ("decode", "prefill", "train_micro", "aux_micro")
 SWITCHES = ("roll_on_train.c_in", "roll_on_train.c_out", "train_on_roll.c_in", "train_on_roll.c_out")
@@ -67,7 +72,7 @@ class RunFacts:
     name: str
     policy: str
     hardware: str
-    model: str
+    model: str | dict  # a catalogue name, or a model's fields (``model_entry``)
     rollout_devices: int
     train_devices: int
     staleness: int
@@ -85,6 +90,18 @@ class RunFacts:
     rollout_busy_s: float | None = None  # device-seconds the replicas were busy generating
     throughput_tokens_per_s: float | None = None  # what the run measured (for the description)
     micro_batch_samples: int | None = None  # the trainer's sequences per micro-batch
+
+
+def model_entry(spec: ClusterSpec) -> str | dict:
+    """The scenario's ``model:``: the catalogue name the spec names, or the fields of the
+    spec's own model profile (``perf.profile_spec.ModelSpec``'s, so the scenario loads
+    without the model directory)."""
+    m = spec.model_profile
+    if m is None:
+        return spec.model
+    fields = {"name": m.name, "params": m.params, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
+              "kv_heads": m.kv_heads, "head_dim": m.head_dim, "vocab": m.vocab, "bytes_per_param": m.bytes_per_param}
+    return {**fields, **({"active_params": m.active_params} if m.active_params else {})}
 
 
 def profile_records(profile) -> list[dict]:
@@ -259,7 +276,7 @@ def facts(cfg, rt, intervals=None, wall: float | None = None) -> RunFacts:
         busy = sum(iv.duration_s for iv in intervals if iv.role == "rollout" and iv.activity == "busy"
                    and iv.label == "rollout")
     return RunFacts(
-        name="calibrated", policy=cfg.scheduler.policy, hardware=spec.hardware, model=spec.model,
+        name="calibrated", policy=cfg.scheduler.policy, hardware=spec.hardware, model=model_entry(spec),
         rollout_devices=spec.n_replicas, train_devices=len(spec.train_devices), staleness=spec.staleness,
         seed=cfg.run.seed, steps=len(steps), prompts_per_step=spec.groups_per_step, group_size=spec.group_size,
         prompt_tokens=prompt, max_new_tokens=spec.max_response_tokens, micro_batch_tokens=spec.micro_batch_tokens,
@@ -273,8 +290,6 @@ def write(run_dir: Path, cfg, rt, intervals=None, wall: float | None = None) -> 
     """Write ``profile.jsonl`` and ``scenario.yaml`` to ``run_dir``; the scenario's path
     (None, with a note on stderr, when the run measured too little to describe).  ``wall``:
     when the training loop ended (default: now)."""
-    import sys
-
     run_dir = Path(run_dir)
     f = facts(cfg, rt, intervals, wall)
     with (run_dir / "profile.jsonl").open("w") as out:
@@ -293,9 +308,6 @@ def write(run_dir: Path, cfg, rt, intervals=None, wall: float | None = None) -> 
 def facts_from_run_dir(run_dir: Path) -> RunFacts:
     """``RunFacts`` read back from a finished run's files (``config.yaml``, ``profile.jsonl``,
     ``summary.json``, ``trace.json``): re-derive a scenario without running again."""
-    from bidirl.runtime.config import load_config
-    from bidirl.runtime.placement import build_spec
-
     run_dir = Path(run_dir)
     cfg = load_config(str(run_dir / "config.yaml"))
     records = [json.loads(line) for line in (run_dir / "profile.jsonl").read_text().splitlines() if line]
@@ -315,7 +327,7 @@ def facts_from_run_dir(run_dir: Path) -> RunFacts:
                    and e.get("args", {}).get("role") == "rollout"
                    and e.get("args", {}).get("activity") == "busy") / 1e6
     return RunFacts(
-        name="calibrated", policy=cfg.scheduler.policy, hardware=spec.hardware, model=spec.model,
+        name="calibrated", policy=cfg.scheduler.policy, hardware=spec.hardware, model=model_entry(spec),
         rollout_devices=spec.n_replicas, train_devices=len(spec.train_devices), staleness=spec.staleness,
         seed=cfg.run.seed, steps=steps, prompts_per_step=spec.groups_per_step, group_size=spec.group_size,
         prompt_tokens=prompt, max_new_tokens=spec.max_response_tokens, micro_batch_tokens=spec.micro_batch_tokens,
@@ -326,8 +338,6 @@ def facts_from_run_dir(run_dir: Path) -> RunFacts:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m bidirl.runtime.calibrated_scenario RUN_DIR [OUT.yaml]``: the scenario again."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     if not args:
         print("usage: python -m bidirl.runtime.calibrated_scenario RUN_DIR [OUT.yaml]", file=sys.stderr)

@@ -13,15 +13,21 @@ trainer files are whole (``config.json`` parses, each safetensors header matches
 size, ``optimizer.pt`` is a whole zip) and the ledger holds every group of every step
 before it exactly once.  ``metrics.jsonl`` and the ledger are JSON lines; a torn last line
 (what a crash mid-write leaves) is dropped.
+
+Writing one (``write_checkpoint``) happens at a step boundary, while the primary trainer is
+idle: into ``.step_<k>.partial/``, renamed into place once whole.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import sys
+import time
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 
 from bidirl.runtime.config import ConfigError
@@ -195,6 +201,56 @@ def select_checkpoint(ckpt_root: Path, ledger_path: Path, prompts_per_step: int,
     reasons = [f"{c.name}: {why}" for c, why in unusable]
     raise ResumeError(f"--resume: no usable checkpoint in {ckpt_root} ({'; '.join(reasons)}); "
                       "start a new run, or repair the run directory")
+
+
+# -- writing one at a step boundary ---------------------------------------------------------------
+def write_checkpoint(ckpt_root: Path, next_step: int, ex, store, cursor, rewards_by_step: dict[int, float],
+                     prompts_per_step: int, keep: int) -> Path:
+    """Snapshot trainer, cursor, buffered and in-flight groups at step boundary ``next_step``.
+
+    ``ex`` is the run's ``DeviceExecutor`` (the primary trainer saves, the serving replicas
+    snapshot their partial responses), ``store`` its ``GroupStore``, ``cursor`` the prompt
+    cursor.  It is written to ``.step_<k>.partial/`` and renamed into place once whole, so a
+    crash or a refused save (``NonFiniteWeightsError``) never leaves a ``step_<k>/`` behind;
+    the newest ``keep`` complete ones are kept.
+    """
+    out = ckpt_root / f"step_{next_step}"
+    tmp = ckpt_root / f".step_{next_step}.partial"  # renamed into place once whole
+    for d in (tmp, out):
+        if d.exists():
+            shutil.rmtree(d)
+    tmp.mkdir(parents=True)
+    try:
+        ex.call_now(ex.layout.train_devices[0], "call", "train", "save", str(tmp))
+        state = _boundary_state(next_step, ex, store, cursor, rewards_by_step, prompts_per_step)
+        (tmp / "state.json").write_text(json.dumps(state))
+        (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in complete_checkpoints(ckpt_root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _boundary_state(next_step: int, ex, store, cursor, rewards_by_step: dict[int, float],
+                    prompts_per_step: int) -> dict:
+    """``state.json``: the prompt cursor, the groups of steps from ``next_step`` on (each
+    in-flight response with the prefix its replica has generated so far) and the rewards."""
+    partials = []
+    for u in ex.rollout.serving():
+        partials += ex.call_now(ex.unit_device(u), "call", "rollout", "snapshot")
+    offset = next_step * prompts_per_step
+    state = store.state_dict()
+    state["groups"] = [g for g in state["groups"] if g["group_id"] >= offset]
+    by_gid = {g["group_id"]: g for g in state["groups"]}
+    for p in partials:
+        g = by_gid.get(p.group_id)
+        if g is not None and all(r["index"] != p.index for r in g["done"]):
+            g["partial"] = [r for r in g["partial"] if r["index"] != p.index] + [asdict(p)]
+    return {"next_step": next_step, "cursor": cursor.state_dict(), "store": state,
+            "rewards_by_step": {k: v for k, v in rewards_by_step.items() if k < next_step}}
 
 
 # -- model directories out of a run --------------------------------------------------------------

@@ -5,6 +5,9 @@ tiny model, the built-in ``reverse`` task).  ``--config FILE.yaml`` and ``key=va
 overrides (``trainer.lr=3e-4``, ``scheduler.policy=async``) change any field.  A bad
 value fails at load time with a ``ConfigError`` naming the field path and what is
 allowed; the resolved config is written to the run directory.
+
+A field declared ``resume_safe=True`` (or in a section so declared) may be changed by
+``bidirl train --resume DIR key=value``; :func:`resume_safe` says why the others may not.
 """
 
 from __future__ import annotations
@@ -16,11 +19,22 @@ from typing import Any, Literal
 
 import yaml
 
-from bidirl.core.typed_config import as_dict, build, format_fields, option, section, set_path, yaml_error
+from bidirl.core.typed_config import (
+    as_dict,
+    build,
+    flagged,
+    flagged_names,
+    format_fields,
+    option,
+    section,
+    set_path,
+    yaml_error,
+)
 from bidirl.engines.trainer_config import TrainerConfig
 from bidirl.policy import policy_max_staleness, policy_names
 
-__all__ = ["ConfigError", "TrainConfig", "TrainerConfig", "VERL_ALIASES", "load_config", "help_text"]
+__all__ = ["ConfigError", "TrainConfig", "TrainerConfig", "VERL_ALIASES", "load_config", "help_text", "resume_safe",
+           "resume_safe_names"]
 
 
 class ConfigError(ValueError):
@@ -46,7 +60,7 @@ class DataConfig:
     on_bad_reward: Literal["error", "zero"] = option(
         "error", "a reward that is not a finite number (NaN, inf, None, a string; or the function raised): "
         "error stops the run naming the row, response and value; zero scores it 0 and counts it "
-        "(reward/bad_count)")
+        "(reward/bad_count)", resume_safe=True)
     seed: int = option(0, "data shuffling seed", ge=0)
     max_prompt_length: int = option(
         512, "longest prompt in tokens (chat template applied, as the rollout sees it); vLLM's "
@@ -54,9 +68,10 @@ class DataConfig:
     filter_overlong_prompts: bool = option(
         False, "drop (and count) rows longer than max_prompt_length; false: such a row is an error")
     val_files: list[str] = option(default_factory=list, doc="validation .parquet / .jsonl files, the layout of "
-                                  "data.files (key=a,b); empty with a built-in task: its split='test' rows")
+                                  "data.files (key=a,b); empty with a built-in task: its split='test' rows",
+                                  resume_safe=True)
     val_max_samples: int = option(-1, "validation prompts: the first N rows of val_files; -1: all of them "
-                                  "(a built-in task: 64)", ge=-1)
+                                  "(a built-in task: 64)", ge=-1, resume_safe=True)
 
 
 @dataclass
@@ -76,15 +91,15 @@ class RolloutConfig:
     top_p: float = option(1.0, "nucleus sampling: keep the smallest set of tokens whose probability "
                           "reaches top_p; 1: off", gt=0, le=1)
     top_k: int = option(-1, "sample from the k most likely tokens; -1 or 0: off", ge=-1)
-    val_temperature: float = option(0.0, "validation sampling temperature; 0: greedy", ge=0, le=2)
-    max_num_seqs: int = option(128, "vLLM's concurrent sequences per replica", ge=1)
+    val_temperature: float = option(0.0, "validation sampling temperature; 0: greedy", ge=0, le=2, resume_safe=True)
+    max_num_seqs: int = option(128, "vLLM's concurrent sequences per replica", ge=1, resume_safe=True)
     kv_cache_mb: int = option(256, "vLLM KV-cache memory per replica (explicit: never sized from host RAM)",
-                              ge=16)
+                              ge=16, resume_safe=True)
 
 
 @dataclass
 class SchedulerConfig:
-    policy: str = option("bidirl", "scheduling policy", choices=policy_names)
+    policy: str = option("bidirl", "scheduling policy", choices=policy_names, resume_safe=True)
     staleness: int = option(1, "version gap from the oldest token (docs/algorithm.md)", ge=0, le=16)
     reproducible: bool = option(
         False, "batch b is generated at exactly version max(0, b - staleness), weights move at batch "
@@ -110,27 +125,30 @@ class ClusterConfig:
 
 @dataclass
 class RunConfig:
-    steps: int = option(500, "optimizer steps", ge=1)
+    steps: int = option(500, "optimizer steps", ge=1, resume_safe=True)
     seed: int = option(0, "seed of the trainer and the engines", ge=0, le=2**32 - 1)
     run_dir: str | None = option(None, "where the run is written; null: runs/<timestamp>")
-    checkpoint_every: int = option(50, "steps between checkpoints; 0: only the last step's and a stop's", ge=0)
+    checkpoint_every: int = option(50, "steps between checkpoints; 0: only the last step's and a stop's", ge=0,
+                                   resume_safe=True)
     keep_checkpoints: int = option(2, "complete checkpoints kept (the newest); resume falls back to an older "
-                                   "one if the newest is damaged", ge=1)
-    tensorboard: bool = option(True, "write TensorBoard event files")
-    plot: bool = option(True, "write a timeline plot at the end")
-    val_every: int = option(50, "steps between validations (and one at the end); 0: no validation", ge=0)
-    val_before_train: bool = option(False, "also validate the initial weights (a resumed run: the checkpoint's)")
-    val_samples: int = option(4, "validation responses written to samples.jsonl per validation", ge=0)
+                                   "one if the newest is damaged", ge=1, resume_safe=True)
+    tensorboard: bool = option(True, "write TensorBoard event files", resume_safe=True)
+    plot: bool = option(True, "write a timeline plot at the end", resume_safe=True)
+    val_every: int = option(50, "steps between validations (and one at the end); 0: no validation", ge=0,
+                            resume_safe=True)
+    val_before_train: bool = option(False, "also validate the initial weights (a resumed run: the checkpoint's)",
+                                    resume_safe=True)
+    val_samples: int = option(4, "validation responses written to samples.jsonl per validation", ge=0, resume_safe=True)
     train_samples_every: int = option(50, "steps between training responses written to samples.jsonl; 0: none",
-                                      ge=0)
-    train_samples: int = option(2, "training responses written each time (one per group)", ge=0)
+                                      ge=0, resume_safe=True)
+    train_samples: int = option(2, "training responses written each time (one per group)", ge=0, resume_safe=True)
     wandb: bool = option(False, "also log to Weights & Biases (needs the wandb package; WANDB_MODE=offline "
-                         "works without network)")
-    wandb_project: str = option("bidirl", "Weights & Biases project")
-    wandb_name: str | None = option(None, "Weights & Biases run name; null: the run directory's name")
+                         "works without network)", resume_safe=True)
+    wandb_project: str = option("bidirl", "Weights & Biases project", resume_safe=True)
+    wandb_name: str | None = option(None, "Weights & Biases run name; null: the run directory's name", resume_safe=True)
     worker_log_level: Literal["debug", "info", "warning", "error"] = option(
         "warning", "log level of vLLM and Ray in the device workers (known harmless vLLM warnings are "
-        "dropped at any level above info)")
+        "dropped at any level above info)", resume_safe=True)
 
 
 @dataclass
@@ -138,13 +156,44 @@ class TrainConfig:
     model: ModelConfig = section(ModelConfig, "the policy model")
     data: DataConfig = section(DataConfig, "prompts and reward")
     rollout: RolloutConfig = section(RolloutConfig, "sampling")
-    trainer: TrainerConfig = section(TrainerConfig, "the GRPO trainer (the same class TorchTrainer takes)")
+    trainer: TrainerConfig = section(TrainerConfig, "the GRPO trainer (the same class TorchTrainer takes)",
+                                     resume_safe=True)
     scheduler: SchedulerConfig = section(SchedulerConfig, "the scheduling policy")
-    cluster: ClusterConfig = section(ClusterConfig, "devices and pools")
+    cluster: ClusterConfig = section(ClusterConfig, "devices and pools", resume_safe=True)
     run: RunConfig = section(RunConfig, "length, output and checkpoints")
 
     def to_dict(self) -> dict[str, Any]:
         return as_dict(self)
+
+
+def resume_safe(key: str) -> bool:
+    """Whether ``--resume DIR key=value`` may change field ``key`` (dotted): it is declared
+    ``resume_safe=True``, or its section is.
+
+    Those fields change how the rest of the run is carried out, not the data stream or the
+    ledger of trained groups: the length (``run.steps``, at least the checkpoint's step),
+    checkpoint spacing and count, logging, the scheduling policy, the cluster (devices, Ray
+    address, prewarm), vLLM's capacity (``rollout.max_num_seqs``, ``rollout.kv_cache_mb``),
+    the trainer (``trainer.lr``, its schedule and every other optimizer and loss setting: the
+    schedule follows the version, and the loaded optimizer state keeps its moments and takes
+    the new hyperparameters, ``TorchTrainer.load_checkpoint``; threads, micro-batch size, what
+    a non-finite step does), what a bad reward scores, and what is only reported (validation:
+    ``run.val_*``, ``data.val_*``, ``rollout.val_temperature``; samples, Weights & Biases,
+    worker log level).  With a decaying ``trainer.lr_schedule`` and ``trainer.lr_decay_steps``
+    null, a longer ``run.steps`` stretches the rest of the schedule.  Each change is recorded
+    in ``RUN_DIR/resume_changes.jsonl``.  Everything else is refused, because the checkpoint
+    and the ledger depend on it: group ids and sizes (``rollout.prompts_per_step``,
+    ``rollout.group_size``), the prompt sequence and rewards (``data.*``), the samples
+    (``rollout.max_new_tokens``, ``max_new_tokens_start``, ``min_new_tokens``,
+    ``temperature``, ``top_p``, ``top_k``, ``run.seed``), the staleness bound the audit checks
+    (``scheduler.staleness``), the model (``model.*``) and the directory (``run.run_dir``).
+    """
+    return flagged(TrainConfig, key, "resume_safe")
+
+
+def resume_safe_names() -> list[str]:
+    """The fields a resume may change, as an error message lists them (``trainer.*``: all of it)."""
+    return [k + "*" if k.endswith(".") else k for k in flagged_names(TrainConfig, "resume_safe")]
 
 
 def _check(c: TrainConfig) -> TrainConfig:

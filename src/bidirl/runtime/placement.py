@@ -17,6 +17,8 @@ its own core or GPU share); across nodes each worker is pinned to its node (hard
 affinity, so a worker of a lost node is never silently moved).  The primary trainer's
 data-parallel rendezvous listens on its first rank's node address, never on every
 interface.
+
+The controller's ``ClusterSpec`` of the run is ``run_spec.build_spec``'s.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ import os
 import socket
 from dataclasses import dataclass
 
-from bidirl.controller.cluster import ClusterSpec, device_layout
+from bidirl.controller.cluster import ClusterSpec
 from bidirl.core.ledger import Role, switch_kind
 from bidirl.runtime.config import ConfigError, TrainConfig
+from bidirl.runtime.worker import worker_class
 
 DEVICE_RESOURCE = "bidirl_devices"  # what a node offers bidirl (a custom Ray resource)
 
@@ -127,39 +130,14 @@ def place(cfg: TrainConfig) -> Placement:
     return Placement(tuple(nodes), tuple(device_node), per, resource)
 
 
-def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float, per_node: int | None = None) -> ClusterSpec:
-    """The controller's view of the run; ``prompt_tokens`` is the data's measured mean prompt
-    (``train.fit_prompts``), rounded for the stage models; ``per_node`` the devices of a
-    node (``Placement.per_node``; default: every device on one node)."""
-    prompt_tokens = max(1, round(prompt_tokens))
-    r, t = cfg.cluster.rollout_devices, cfg.cluster.train_devices
-    on_gpu = cfg.cluster.device == "cuda"
-    mean_len = cfg.rollout.max_new_tokens // 2
-    return ClusterSpec(
-        hardware="H100-80GB" if on_gpu else "cpu-core",
-        model="tiny-qwen2",
-        devices=r + t,
-        **device_layout(r, t, 1, per_node or r + t),  # one device a replica, a rank and a unit
-        train_dp=t, train_tp=1,
-        replica_cap=cfg.rollout.max_num_seqs,
-        groups_per_step=cfg.rollout.prompts_per_step,
-        group_size=cfg.rollout.group_size,
-        prompt_tokens=prompt_tokens,
-        staleness=cfg.scheduler.staleness,
-        steps=steps,
-        micro_batch_tokens=cfg.trainer.micro_batch_size * (prompt_tokens + mean_len),
-        micro_batch_samples=cfg.trainer.micro_batch_size,
-        max_response_tokens=cfg.rollout.max_new_tokens,
-        prior_scale=1.0,
-    )
-
-
-def check_machine_fits(cfg: TrainConfig, cores: int | None = None) -> None:
+def check_machine_fits(cfg: TrainConfig, cores: int | None = None, ray_address: str | None = None) -> None:
     """On a local CPU cluster each device worker needs a core of its own: refuse more
     devices than cores before anything starts (``cluster.oversubscribe=true`` allows it).
-    Ray would otherwise be told the machine has that many cores and start them all."""
+    Ray would otherwise be told the machine has that many cores and start them all.  A run
+    that joins a cluster (``cluster.ray_address``, or ``ray_address``: ``--ray-address``)
+    is not counted against this machine."""
     c = cfg.cluster
-    if c.device != "cpu" or c.ray_address or c.oversubscribe:
+    if c.device != "cpu" or c.ray_address or ray_address or c.oversubscribe:
         return
     cores = cores or os.cpu_count() or 1
     devices = c.rollout_devices + c.train_devices
@@ -192,19 +170,16 @@ def rendezvous(placement: Placement | None, device: int) -> tuple[str, int]:
     return node.ip, ray.get(probe.remote(node.ip), timeout=120)
 
 
-def prewarm_hosts(cfg: TrainConfig, spec: ClusterSpec, workers: dict, rollout_kwargs: dict, model_dir: str,
-                  trainer_config: dict) -> list:
-    """Ask every device to bring up each role it may be lent for: ``[(worker, role, ref)]``.
+def prewarm_hosts(spec: ClusterSpec, workers: dict, rollout_kwargs: dict, model_dir: str,
+                  trainer_config: dict, policy) -> list:
+    """Ask every device to bring up each role ``policy`` may lend it for: ``[(worker, role, ref)]``.
 
     Sent right behind the native roles' ``host`` calls, without waiting for them: a worker
     runs its calls in order, so a train device starts loading vLLM as soon as its trainer is
     up, while the rollout devices still load theirs (the cores would otherwise take turns:
     ~7 s of a 2-core start-up).  :func:`prewarm` waits for them and parks the roles.
     """
-    from bidirl.policy.base import policy_class
-
     calls = []
-    policy = policy_class(cfg.scheduler.policy)
     for d, w in workers.items():
         if d in spec.train_devices and policy.lends_train_devices:
             calls.append((w, "rollout", w.host.remote("rollout", **rollout_kwargs)))
@@ -282,8 +257,6 @@ def _worker_factory(cfg: TrainConfig, spec: ClusterSpec, placement: Placement | 
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-    from bidirl.runtime.worker import worker_class
-
     n = spec.devices
     gpu = cfg.cluster.device == "cuda"
     share = cfg.cluster.gpus_per_device
@@ -321,8 +294,9 @@ def _worker_factory(cfg: TrainConfig, spec: ClusterSpec, placement: Placement | 
 
 
 def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, model_dir: str,
-                  trainer_config: dict, trainer_ckpt=None, placement: Placement | None = None):
-    """Start one worker per device, host each pool's native role; returns handles."""
+                  trainer_config: dict, policy, trainer_ckpt=None, placement: Placement | None = None):
+    """Start one worker per device, host each pool's native role (and, with
+    ``cluster.prewarm``, each role ``policy`` may lend the device for); returns handles."""
     import ray
 
     n = spec.devices
@@ -346,7 +320,8 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
                                        checkpoint=str(trainer_ckpt) if trainer_ckpt else None))
         else:
             calls.append(w.host.remote("rollout", **rollout_kwargs))
-    lends = prewarm_hosts(cfg, spec, workers, rollout_kwargs, model_dir, trainer_config) if cfg.cluster.prewarm else []
+    lends = prewarm_hosts(spec, workers, rollout_kwargs, model_dir, trainer_config, policy) if cfg.cluster.prewarm \
+        else []
     ray.get(calls)
     warm = []
     if cfg.cluster.warm_up_trainers:  # runs while the lent roles come up on the other devices

@@ -12,8 +12,9 @@ import signal
 import sys
 import threading
 
+from bidirl.engines.trainer_config import NonFiniteStepError
 
-# -- graceful stops ---------------------------------------------------------------------------
+
 class StopSignals:
     """SIGINT / SIGTERM while the loop runs: stop at the next step boundary; again: now.
 
@@ -74,12 +75,8 @@ class StopSignals:
 
 def nonfinite_step_error(e: BaseException):
     """The ``NonFiniteStepError`` that ``e`` is (or that Ray's ``RayTaskError`` wraps), or None."""
-    from bidirl.engines.trainer_config import NonFiniteStepError
-
     cause = getattr(e, "cause", None)
     if isinstance(cause, NonFiniteStepError):
         return cause
     return e if isinstance(e, NonFiniteStepError) else None
 
-
-# -- run-directory files: jsonl tolerant of a torn last line, checkpoint checks ---------------------

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bidirl.core.timeline import Activity
+from bidirl.runtime.group_store import BadRewardError, call_reward, describe_bad_reward, reward_extras
 
 BUILTIN_VAL_ROWS = 64  # a built-in task's validation prompts when data.val_max_samples is -1
 
@@ -60,8 +61,6 @@ def score_validation(vs: ValSet, out: dict, reward_fn, decode: Callable[[list[in
     A bad reward follows ``data.on_bad_reward`` as in training: an error (``BadRewardError``
     naming the validation row) or 0, counted in ``val/bad_count``.
     """
-    from bidirl.runtime.group_store import BadRewardError, call_reward, describe_bad_reward, reward_extras
-
     policy = getattr(reward_fn, "on_bad_reward", "error")
     scores, by_source, extras, bad, samples = [], {}, {}, 0, []
     for i, (row, ids) in enumerate(zip(vs.rows, out["responses"], strict=True)):

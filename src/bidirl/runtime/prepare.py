@@ -1,0 +1,341 @@
+"""What a run needs before any worker starts: the model, the data, the measured prompts.
+
+``bidirl train`` calls these in order, and each fails in seconds on a bad input rather than
+after the whole start-up: ``check_model_shape`` (a model vLLM cannot run on the device),
+``prepare_data`` (the prompt rows and the reward function, tried once), ``prepare_val_rows``,
+``prepare_model`` (the user's model directory, or bidirl's tiny model plus a warm start),
+then ``fit_prompts`` (every prompt measured with the run's tokenizer: vLLM's
+``max_model_len``, over-long prompts dropped or refused) and ``val_set`` (the validation
+prompts as the replica gets them).  ``response_cap`` is the length curriculum;
+``PromptStream`` turns the prompt cursor into the store's groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bidirl.algo import tasks as task_lib
+from bidirl.algo.data import DataError, PromptCursor, load_dataset, load_reward_fn, validate_row
+from bidirl.models.tiny import build_tiny_model, encode_prompt
+from bidirl.models.warm_start import warm_start
+from bidirl.runtime.config import ConfigError, TrainConfig
+from bidirl.runtime.group_store import BadRewardError, GroupStore, RewardFn, call_reward, describe_bad_reward
+from bidirl.runtime.validation import BUILTIN_VAL_ROWS, ValSet
+
+MODELS_CACHE = Path(os.environ.get("BIDIRL_CACHE", Path.home() / ".cache" / "bidirl")) / "models"
+
+
+def prepare_model(cfg: TrainConfig) -> str:
+    """A local HF model directory: the user's, or bidirl's tiny model plus a warm start."""
+    if cfg.model.path:
+        return str(Path(cfg.model.path).resolve())
+    base = MODELS_CACHE / f"tiny-L{cfg.model.tiny_layers}-H{cfg.model.tiny_hidden}"
+    build_tiny_model(base, layers=cfg.model.tiny_layers, hidden=cfg.model.tiny_hidden)
+    if cfg.model.warm_start_steps <= 0:
+        return str(base)
+    tasks = (cfg.data.task,) if cfg.data.task and not cfg.data.files else ("copy",)
+    out = MODELS_CACHE / f"{base.name}-sft-{'-'.join(tasks)}-{cfg.model.warm_start_steps}"
+    print(f"[bidirl] warm start: {cfg.model.warm_start_steps} SFT steps on {tasks} -> {out}", file=sys.stderr)
+    warm_start(base, out, tasks=tasks, steps=cfg.model.warm_start_steps, seed=cfg.run.seed)
+    return str(out)
+
+
+def prepare_data(cfg: TrainConfig):
+    """(rows, reward_fn): validated prompt rows and the veRL-style reward function.
+
+    The reward comes as a ``RewardFn`` carrying ``data.on_bad_reward`` (which
+    ``GroupStore.score`` applies) and has been tried once on the first row.
+    """
+    if cfg.data.files:
+        rows = [r for f in cfg.data.files for r in load_dataset(f)]
+    else:
+        try:
+            task = task_lib.get_task(cfg.data.task)
+        except (KeyError, ValueError):
+            raise ConfigError(f"data.task: {cfg.data.task!r} not allowed; one of "
+                              f"{', '.join(task_lib.task_names())}") from None
+        rows = [validate_row(r, f"<task {task.name}>", i)
+                for i, r in enumerate(task.rows(4096, seed=cfg.data.seed))]
+    if cfg.data.reward_fn:
+        fn = load_reward_fn(cfg.data.reward_fn, cfg.data.reward_fn_name)
+        name = f"{Path(cfg.data.reward_fn).name}:{cfg.data.reward_fn_name}"
+    else:
+        fn, name = task_lib.compute_score, "the built-in compute_score"
+    reward_fn = RewardFn(fn, cfg.data.on_bad_reward, name)
+    if rows:
+        check_reward_fn(reward_fn, rows[0])
+    return rows, reward_fn
+
+
+def prepare_val_rows(cfg: TrainConfig) -> list:
+    """The validation prompts: ``data.val_files`` (their first ``data.val_max_samples`` rows), or
+    a built-in task's ``split="test"`` rows; none when validation is off or there are none."""
+    if not cfg.run.val_every and not cfg.run.val_before_train:
+        return []
+    n = cfg.data.val_max_samples
+    if cfg.data.val_files:
+        rows = [r for f in cfg.data.val_files for r in load_dataset(f)]
+        return rows if n < 0 else rows[:n]
+    if cfg.data.files:
+        return []  # user data with no validation files: nothing to validate on
+    task = task_lib.get_task(cfg.data.task)  # prepare_data has checked the name
+    n = BUILTIN_VAL_ROWS if n < 0 else n
+    return [validate_row(r, f"<task {task.name}, split test>", i)
+            for i, r in enumerate(task.rows(n, seed=cfg.data.seed, split="test"))]
+
+
+@dataclass(frozen=True)
+class PromptLengths:
+    """The data's prompts as the rollout sees them, measured before any worker starts."""
+
+    kept: int
+    """Rows the run samples from."""
+    filtered: int
+    """Rows dropped for being longer than ``data.max_prompt_length``."""
+    mean: float
+    """Mean tokens of a kept prompt: the controller's ``ClusterSpec.prompt_tokens``."""
+    longest: int
+    """Tokens of the longest kept prompt."""
+    max_model_len: int
+    """vLLM's context: the longest kept prompt (validation's included) + ``rollout.max_new_tokens``."""
+    val_rows: tuple = ()
+    """The validation rows kept (``data.max_prompt_length`` applies to them alike)."""
+    val_filtered: int = 0
+
+
+_CHUNK = 4096
+
+
+def prompt_token_lengths(tok, rows) -> list[int]:
+    """Tokens of every row's prompt, chat template applied, as ``encode_prompt`` encodes it.
+
+    Rendered and tokenized in batches (1.3-2x faster than one row at a time on 2 cores, and
+    the tokenizer spreads a batch over every core); the first rows of each batch are checked
+    against :func:`encode_prompt` and, should a tokenizer disagree, the batch is encoded one
+    row at a time instead.
+    """
+    lengths: list[int] = []
+    for start in range(0, len(rows), _CHUNK):
+        chunk = rows[start:start + _CHUNK]
+        try:
+            texts = tok.apply_chat_template([list(r.messages) for r in chunk], add_generation_prompt=True,
+                                            tokenize=False)
+            ids = tok(list(texts), add_special_tokens=False)["input_ids"]
+            same = all(list(ids[i]) == encode_prompt(tok, r.messages) for i, r in enumerate(chunk[:8]))
+        except Exception:  # a tokenizer without batch rendering: the run's own path below
+            same = False
+        if same:
+            lengths.extend(len(x) for x in ids)
+        else:
+            lengths.extend(len(encode_prompt(tok, r.messages)) for r in chunk)
+    return lengths
+
+
+def model_context(model_dir: str | Path | None) -> int | None:
+    """The longest context ``config.json`` allows (``max_position_embeddings``, times a RoPE
+    scaling factor if any), or None if the config does not say.  Lenient on purpose: it only
+    serves to reject a ``max_model_len`` that vLLM would refuse after the whole start-up."""
+    if model_dir is None:
+        return None
+    try:
+        hf = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if "max_position_embeddings" not in hf and isinstance(hf.get("text_config"), dict):
+        hf = hf["text_config"]
+    mpe = hf.get("max_position_embeddings")
+    if not isinstance(mpe, int) or mpe <= 0:
+        return None
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    return int(mpe * max(1.0, float(factor))) if isinstance(factor, int | float) else mpe
+
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head sizes vLLM 0.32's CPU attention runs (``CPUAttentionBackend.get_supported_head_sizes``;
+``tests/runtime/test_real_models.py`` checks the two agree)."""
+TINY_HEADS = 4
+"""Attention heads of bidirl's tiny model (``build_tiny_model``'s default)."""
+
+
+def check_model_shape(cfg: TrainConfig) -> None:
+    """``ConfigError`` for a model vLLM cannot run on ``cluster.device``, before anything starts.
+
+    Without it a model whose attention head size vLLM's CPU backend lacks (16, say) dies with
+    a raw traceback from inside a worker after the whole start-up.  Reads ``config.json``
+    only (no torch, no vLLM).  On CUDA vLLM has a backend for every head size.
+    """
+    if cfg.model.path is None:
+        hidden = cfg.model.tiny_hidden
+        if hidden % TINY_HEADS:
+            raise ConfigError(f"model.tiny_hidden: must be a multiple of {TINY_HEADS} (the tiny model's "
+                              f"attention heads), got {hidden}")
+        head_dim, field, where = hidden // TINY_HEADS, "model.tiny_hidden", f"tiny_hidden {hidden} / {TINY_HEADS} heads"
+    else:
+        path = Path(cfg.model.path) / "config.json"
+        try:
+            hf = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"model.path: {path} is {'missing' if isinstance(e, OSError) else 'not JSON'}; "
+                              "a Hugging Face model directory has a config.json") from None
+        if isinstance(hf.get("text_config"), dict) and "num_attention_heads" not in hf:
+            hf = hf["text_config"]
+        try:
+            heads = int(hf["num_attention_heads"])
+            head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // heads)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return  # an architecture this check does not know: vLLM decides
+        field = "model.path"
+        where = (f"head_dim {hf['head_dim']}" if hf.get("head_dim") else
+                 f"hidden_size {hf.get('hidden_size')} / num_attention_heads {heads}") + f" in {path}"
+    if cfg.cluster.device == "cpu" and head_dim not in CPU_HEAD_SIZES:
+        raise ConfigError(f"{field}: attention head size {head_dim} ({where}) is not one vLLM's CPU attention "
+                          f"runs ({', '.join(map(str, CPU_HEAD_SIZES))}); use a model with one of them, "
+                          f"or cluster.device=cuda")
+
+
+def _within_limit(cfg: TrainConfig, rows: list, tok, source: str, what: str,
+                  need_one: bool) -> tuple[list, list[int], int]:
+    """(kept rows, their lengths, how many were over ``data.max_prompt_length``).
+
+    An over-long row is a ``DataError`` naming it unless ``data.filter_overlong_prompts``;
+    with ``need_one``, so is having none left.
+    """
+    limit = cfg.data.max_prompt_length
+    lengths = prompt_token_lengths(tok, rows)
+    over = [i for i, n in enumerate(lengths) if n > limit]
+    if over and not cfg.data.filter_overlong_prompts:
+        first = rows[over[0]]
+        raise DataError(f"{first.path or source}: row {first.index}: {what} is {lengths[over[0]]} tokens "
+                        f"(chat template applied), over data.max_prompt_length={limit} "
+                        f"({len(over)} of {len(rows)} rows are); raise data.max_prompt_length "
+                        f"or set data.filter_overlong_prompts=true to drop them")
+    if need_one and len(over) == len(rows):
+        raise DataError(f"{source}: all {len(rows)} prompts are over data.max_prompt_length={limit} tokens "
+                        f"(the shortest is {min(lengths)}); nothing left to train on")
+    kept = [(r, n) for r, n in zip(rows, lengths, strict=True) if n <= limit]
+    return [r for r, _ in kept], [n for _, n in kept], len(over)
+
+
+def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None = None, val_rows=()):
+    """(kept rows, :class:`PromptLengths`): every prompt measured with the run's tokenizer.
+
+    ``val_rows`` (validation prompts) are measured and filtered by the same rule and count
+    towards ``max_model_len``; the kept ones are ``PromptLengths.val_rows``.
+
+    A prompt longer than ``data.max_prompt_length`` is dropped and counted when
+    ``data.filter_overlong_prompts`` is set, else it is a ``DataError`` naming the first such
+    row, its length and the limit.  vLLM's ``max_model_len`` is the longest kept prompt +
+    ``rollout.max_new_tokens`` (a resumed response's prompt + prefix stays below it), and must
+    fit the model's context.  Called before any device worker starts (Ray starts meanwhile),
+    so a bad combination fails in seconds.
+    """
+    if not rows:
+        raise DataError("data: no prompt rows")
+    limit, new = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
+    kept, kept_lengths, n_over = _within_limit(cfg, rows, tok, "data", "prompt", need_one=True)
+    longest = max(kept_lengths)
+    val_kept: list = []
+    val_over = 0
+    if val_rows:
+        val_kept, val_lengths, val_over = _within_limit(cfg, list(val_rows), tok, "validation data",
+                                                        "validation prompt", need_one=False)
+        longest = max([longest] + val_lengths)
+    fit = PromptLengths(kept=len(kept), filtered=n_over, mean=statistics.fmean(kept_lengths),
+                        longest=longest, max_model_len=longest + new, val_rows=tuple(val_kept),
+                        val_filtered=val_over)
+    context = model_context(model_dir)
+    if context is not None and fit.max_model_len > context:
+        raise ConfigError(f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({new}) = "
+                          f"{fit.max_model_len} tokens is over the model's context of {context} "
+                          f"(max_position_embeddings in {Path(model_dir) / 'config.json'}); set "
+                          f"data.max_prompt_length<={context - new} with data.filter_overlong_prompts=true, "
+                          f"or lower rollout.max_new_tokens")
+    val = ""
+    if fit.val_rows:
+        when = (["before training"] if cfg.run.val_before_train else []) + (
+            [f"every {cfg.run.val_every} steps"] if 0 < cfg.run.val_every < cfg.run.steps else []) + (
+            ["at the end"] if cfg.run.val_every else [])
+        every = ", ".join(when)
+        how = "greedy" if cfg.rollout.val_temperature == 0 else f"temperature {cfg.rollout.val_temperature:g}"
+        val = (f"; validation: {len(fit.val_rows)} prompts{f' ({val_over} dropped)' if val_over else ''}, "
+               f"{every}, {how}")
+    elif cfg.run.val_every and cfg.data.files and not cfg.data.val_files:
+        val = "; validation: off (no data.val_files)"
+    print(f"[bidirl] prompts: {fit.kept} rows, mean {fit.mean:.1f} / longest {fit.longest} tokens"
+          f"{f', {fit.filtered} over data.max_prompt_length={limit} dropped' if fit.filtered else ''}{val}; "
+          f"vLLM max_model_len {fit.max_model_len}", file=sys.stderr)
+    return kept, fit
+
+
+def response_cap(cfg: TrainConfig):
+    """``group_id -> its response cap``: ``rollout.max_new_tokens``, or the length curriculum
+    from ``rollout.max_new_tokens_start`` (linear in the group's step; ids are global)."""
+    end, start = cfg.rollout.max_new_tokens, cfg.rollout.max_new_tokens_start
+    if start is None or start == end:
+        return None
+    per_step, last = cfg.rollout.prompts_per_step, max(cfg.run.steps - 1, 1)
+
+    def cap(group_id: int) -> int:
+        step = min(group_id // per_step, last)
+        return max(1, round(start + (end - start) * step / last))
+
+    return cap
+
+
+def check_reward_fn(reward_fn, row) -> None:
+    """Call the reward once, on ``row`` with an empty response, before any worker starts.
+
+    A function that raises or returns no finite number is reported now rather than after
+    the start-up: an error with ``data.on_bad_reward=error``, a warning with ``zero``.
+    """
+    value, raw = call_reward(reward_fn, row.data_source, "", row.ground_truth, row.extra_info)
+    if value is not None:
+        return
+    what = (f"data.reward_fn: {reward_fn.name} {describe_bad_reward(raw)} when tried on data row {row.index} "
+            f"(data_source {row.data_source!r}) with an empty response")
+    if reward_fn.on_bad_reward == "error":
+        raise BadRewardError(f"{what}, before any worker started; fix the reward function or set "
+                             "data.on_bad_reward=zero to score such responses 0")
+    print(f"[bidirl] warning: {what}; such rewards will be scored 0 (data.on_bad_reward=zero)", file=sys.stderr)
+
+
+def val_set(cfg: TrainConfig, fit: PromptLengths, tok) -> ValSet | None:
+    """The kept validation prompts (``fit.val_rows``) as the replica gets them; None when
+    there are none."""
+    if not fit.val_rows:
+        return None
+    kept = list(fit.val_rows)
+    return ValSet(kept, [encode_prompt(tok, r.messages) for r in kept], cfg.rollout.max_new_tokens,
+                  cfg.rollout.val_temperature, cfg.run.seed)
+
+
+class PromptStream:
+    """The run's prompts, group by group: each new group takes the cursor's next row, whose
+    prompt is encoded once (the chat template applied) and kept for the row's next turn."""
+
+    def __init__(self, cursor: PromptCursor, store: GroupStore, tok) -> None:
+        self.cursor, self.store, self.tok = cursor, store, tok
+        self._prompt_ids: dict[int, list[int]] = {}
+
+    def new_group(self, gid: int) -> None:
+        """Create group ``gid`` (a global id) in the store."""
+        item = self.cursor.next()
+        key = item.index
+        if key not in self._prompt_ids:
+            self._prompt_ids[key] = encode_prompt(self.tok, item.row.messages)
+        self.store.add(gid, item.uid, self._prompt_ids[key], item.row.data_source, item.row.ground_truth,
+                       item.row.extra_info)
+
+    def decode(self, ids) -> str:
+        """A response's text, as the reward function reads it."""
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def decode_prompt(self, ids) -> str:
+        """A prompt's text, its template included (for samples)."""
+        return self.tok.decode(ids, skip_special_tokens=False)
