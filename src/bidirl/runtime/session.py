@@ -61,6 +61,7 @@ from bidirl.runtime.checkpoints import (  # noqa: F401  (re-exported for the tes
     select_checkpoint,
 )
 from bidirl.runtime.config import TrainConfig
+from bidirl.runtime.model_check import check_model_dir
 from bidirl.runtime.stops import StopSignals, nonfinite_step_error  # noqa: F401
 
 
@@ -153,6 +154,7 @@ class TrainSession:
         )
 
         check_machine_fits(self.cfg)  # before any data, model or Ray set-up
+        check_model_dir(self.cfg.model.path, device=self.cfg.cluster.device)
         check_model_shape(self.cfg)
         cfg = self.cfg
         ckpt, state = self.prepare_resume() if self.resume else (None, None)
