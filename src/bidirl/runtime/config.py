@@ -47,6 +47,8 @@ class DataConfig:
         "error", "a reward that is not a finite number (NaN, inf, None, a string; or the function raised): "
         "error stops the run naming the row, response and value; zero scores it 0 and counts it "
         "(reward/bad_count)")
+    reward_timeout_s: float = option(30.0, "seconds one reward call may take; a call over it is abandoned and is "
+                                     "a bad reward (data.on_bad_reward)", gt=0)
     seed: int = option(0, "data shuffling seed", ge=0)
     max_prompt_length: int = option(
         512, "longest prompt in tokens (chat template applied, as the rollout sees it); vLLM's "

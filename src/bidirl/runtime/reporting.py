@@ -33,6 +33,7 @@ from bidirl.obs.accounting import PoolTime, borrowed_seconds, pool_times
 from bidirl.obs.metrics import MetricsLogger
 from bidirl.obs.progress import ProgressLine
 from bidirl.obs.samples_log import SamplesLog
+from bidirl.runtime.reward_call import slow_calls
 
 
 class StepReporter:
@@ -155,7 +156,8 @@ class StepReporter:
         self.metrics.log(rec.step, m)
         self.progress.update(rec.step + 1, reward=reward, val_score=self.val_score,
                              tokens_per_s=m["perf/throughput"], idle_ratios=ratios,
-                             staleness_mean=m["staleness/mean"], staleness_max=m["staleness/max"])
+                             staleness_mean=m["staleness/mean"], staleness_max=m["staleness/max"],
+                             slow_rewards=slow_calls(rt.job.reward_fn))
         s.boundary = rec.step + 1
         val = rt.validator
         if val is not None and cfg.run.val_every and s.boundary % cfg.run.val_every == 0 \

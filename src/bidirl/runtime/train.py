@@ -71,7 +71,7 @@ def prepare_data(cfg: TrainConfig):
         name = f"{Path(cfg.data.reward_fn).name}:{cfg.data.reward_fn_name}"
     else:
         fn, name = task_lib.compute_score, "the built-in compute_score"
-    reward_fn = RewardFn(fn, cfg.data.on_bad_reward, name)
+    reward_fn = RewardFn(fn, cfg.data.on_bad_reward, name, cfg.data.reward_timeout_s)
     if rows:
         check_reward_fn(reward_fn, rows[0])
     return rows, reward_fn
@@ -324,7 +324,7 @@ def check_reward_fn(reward_fn, row) -> None:
 
 RESUME_SAFE = ("run.steps", "run.checkpoint_every", "run.keep_checkpoints", "run.tensorboard", "run.plot",
                "scheduler.policy", "cluster.", "rollout.max_num_seqs", "rollout.kv_cache_mb", "trainer.",
-               "data.on_bad_reward",
+               "data.on_bad_reward", "data.reward_timeout_s",
                "run.val_every", "run.val_before_train", "run.val_samples", "run.train_samples_every",
                "run.train_samples", "run.wandb", "run.wandb_project", "run.wandb_name", "run.worker_log_level",
                "data.val_files", "data.val_max_samples", "rollout.val_temperature")
