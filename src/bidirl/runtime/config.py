@@ -235,6 +235,11 @@ agree (a veRL file sets ``data.max_response_length`` and ``rollout.response_leng
 
 _ALIAS = dict(VERL_ALIASES)
 
+VERL_FIXED: dict[str, tuple[str, ...]] = {"algorithm.adv_estimator": ("grpo",)}
+"""veRL fields naming what bidirl always does, with the values that mean it: accepted and
+changing nothing (``grpo``, veRL's default: group-normalised advantages); another value is
+an error listing these."""
+
 
 def _leaves(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
     """(dotted key, value) of every leaf of a nested mapping; an empty mapping is a leaf."""
@@ -264,6 +269,11 @@ _VERL_ROOTS = ("actor_rollout_ref", "custom_reward_function", "critic", "algorit
 def _place(data: dict, key: str, value: Any) -> str:
     """Put ``key=value`` (a bidirl field or a veRL alias) into ``data``; the field's name."""
     name, value = _canonical(key, value)
+    if key in VERL_FIXED:  # nothing to set: what bidirl does anyway
+        if value not in VERL_FIXED[key]:
+            raise ConfigError(f"{key}: {value!r} not allowed; allowed: {', '.join(VERL_FIXED[key])} (bidirl's "
+                              "group-normalised advantages)")
+        return key
     if name.split(".", 1)[0] in _VERL_ROOTS:
         raise ConfigError(f"{key}: a veRL field bidirl does not take (the ones it takes, under their veRL "
                           "names, are listed by bidirl train --help)")
