@@ -55,7 +55,7 @@ def test_bad_rows_name_file_row_and_field(tmp_path, bad, field):
     with pytest.raises(DataError) as err:
         load_dataset(path)
     msg = str(err.value)
-    assert str(path) in msg and "row 2" in msg and field in msg and "allowed" in msg
+    assert str(path) in msg and "line 3:" in msg and field in msg and "allowed" in msg  # lines count from 1
     assert isinstance(err.value, ValueError)
 
 
@@ -73,7 +73,7 @@ def test_file_level_errors(tmp_path):
     with pytest.raises(DataError, match="allowed: .parquet"):
         load_dataset(tmp_path / "d.csv")
     (tmp_path / "broken.jsonl").write_text(json.dumps(GOOD) + "\n{not json\n")
-    with pytest.raises(DataError, match="row 1.*not valid JSON"):
+    with pytest.raises(DataError, match="line 2: .*not valid JSON"):
         load_dataset(tmp_path / "broken.jsonl")
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DataError, match="empty"):

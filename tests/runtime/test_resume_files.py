@@ -408,6 +408,6 @@ def test_a_run_that_fails_before_start_up_leaves_no_directory(tmp_path):
     bad.write_text('{"prompt": 3, "data_source": "add", "reward_model": {"ground_truth": "1"}}\n')
     run = tmp_path / "run"
     for _ in range(2):  # the second time is the same error, not "run directory exists"
-        with pytest.raises(DataError, match="row 0"):
+        with pytest.raises(DataError, match="line 1"):
             train.main(_args("--run-dir", str(run), f"data.files={bad}"))
         assert not run.exists()

@@ -13,7 +13,7 @@ from bidirl.runtime.config import TrainConfig, resume_safe, resume_safe_names
 RESUME_SAFE_BEFORE = (
     "run.steps", "run.checkpoint_every", "run.keep_checkpoints", "run.tensorboard", "run.plot",
     "scheduler.policy", "cluster.", "rollout.max_num_seqs", "rollout.kv_cache_mb", "trainer.",
-    "data.on_bad_reward",
+    "data.on_bad_reward", "data.reward_timeout_s",  # the reward guard's timeout, added with the field
     "run.val_every", "run.val_before_train", "run.val_samples", "run.train_samples_every",
     "run.train_samples", "run.wandb", "run.wandb_project", "run.wandb_name", "run.worker_log_level",
     "data.val_files", "data.val_max_samples", "rollout.val_temperature")
@@ -23,7 +23,7 @@ def test_the_resume_safe_fields_are_the_ones_listed_before():
     fields = [name for name, *_ in describe(TrainConfig)]
     before = {k for k in fields if k.startswith(RESUME_SAFE_BEFORE) and k != "run.run_dir"}
     assert {k for k in fields if resume_safe(k)} == before
-    assert len(before) == 45 and "trainer.lr" in before and "cluster.ray_address" in before
+    assert len(before) == 46 and "trainer.lr" in before and "cluster.ray_address" in before
     for refused in ("run.run_dir", "run.seed", "data.seed", "rollout.group_size", "scheduler.staleness", "model.path"):
         assert not resume_safe(refused), refused
 

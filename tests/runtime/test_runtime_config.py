@@ -172,3 +172,15 @@ def test_print_config_prints_the_resolved_yaml_and_exits_0(capsys, tmp_path, mon
     out = yaml.safe_load(capsys.readouterr().out)
     assert out["rollout"]["group_size"] == 4 and out["run"]["steps"] == 7
     assert not list(tmp_path.iterdir())
+
+
+def test_verl_adv_estimator_grpo_is_what_bidirl_does(tmp_path):
+    from bidirl.runtime.config import ConfigError, load_config
+
+    assert load_config(None, ["algorithm.adv_estimator=grpo"]) == load_config()
+    config = tmp_path / "verl.yaml"
+    config.write_text("algorithm:\n  adv_estimator: grpo\ndata:\n  train_batch_size: 8\n")
+    assert load_config(str(config)).rollout.prompts_per_step == 8
+    for other in ("gae", "rloo"):
+        with pytest.raises(ConfigError, match=f"^algorithm.adv_estimator: '{other}' not allowed; allowed: grpo"):
+            load_config(None, [f"algorithm.adv_estimator={other}"])

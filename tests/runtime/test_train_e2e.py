@@ -121,7 +121,7 @@ def test_bad_config_and_data_are_one_line_errors(tmp_path):
     bad.write_text('{"prompt": "hi", "data_source": "add", "reward_model": {"ground_truth": "1"}}\n'
                    '{"prompt": 3, "data_source": "add", "reward_model": {"ground_truth": "1"}}\n')
     out = run_cli("train", "--run-dir", str(tmp_path / "r"), f"data.files={bad}")
-    assert out.returncode == 2 and "row 1" in out.stderr and "prompt" in out.stderr
+    assert out.returncode == 2 and "line 2" in out.stderr and "prompt" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -59,7 +59,7 @@ def test_a_bad_validation_reward_follows_on_bad_reward():
     def nan(*_a, **_k):
         return float("nan")
 
-    with pytest.raises(BadRewardError, match="validation.*val.jsonl row 0"):
+    with pytest.raises(BadRewardError, match="validation.*val.jsonl line 1"):
         score_validation(vs, out, RewardFn(nan, "error"), str)
     r = score_validation(vs, out, RewardFn(nan, "zero"), str)
     assert r.metrics["val/bad_count"] == 2 and r.score == 0.0

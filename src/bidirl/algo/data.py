@@ -1,8 +1,10 @@
 """Prompt datasets: veRL-style parquet/JSONL loading, user reward hooks, and a resumable cursor.
 
 Why strict validation: a bad row found at step 3,000 of a run wastes the run. Every row is
-checked at load time and a :class:`DataError` names the file, the row number (0-based, as
-pandas and pyarrow count), the field and what is allowed.
+checked at load time and a :class:`DataError` names the file, where the row is (in a JSONL
+file its line, from 1 as editors count; in parquet its row, from 0 as pandas and pyarrow
+count: :func:`row_label`), the field and what is allowed.  Bytes that are not UTF-8 are
+named by line (or row and column) and byte offset.
 
 Accepted row shape (veRL's)::
 
@@ -18,6 +20,7 @@ pure function of ``(seed, epoch)``, so the state is just ``(seed, epoch, positio
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import zlib
@@ -48,9 +51,24 @@ class PromptRow:
     path: str = ""
     """The source file (or ``<task NAME>``), so errors about a row can name where it is."""
 
+    @property
+    def label(self) -> str:
+        """Where the row is in its file, as a person looks for it: ``line 31`` / ``row 30``."""
+        return row_label(self.path, self.index)
+
+
+_LINE_FORMATS = (".jsonl", ".json")
+
+
+def row_label(path: str | Path, index: int) -> str:
+    """Record ``index`` (0-based) of ``path`` as a person finds it: ``line index+1`` in a JSON
+    lines file (one record per line, editors count from 1), ``row index`` elsewhere (parquet
+    and built-in tasks, counted from 0 as pandas and pyarrow do)."""
+    return f"line {index + 1}" if str(path).lower().endswith(_LINE_FORMATS) else f"row {index}"
+
 
 def _fail(path: Path, row: int, fieldname: str, problem: str, allowed: str) -> DataError:
-    return DataError(f"{path}: row {row}: field '{fieldname}' {problem}; allowed: {allowed}")
+    return DataError(f"{path}: {row_label(path, row)}: field '{fieldname}' {problem}; allowed: {allowed}")
 
 
 def _normalise_messages(raw: Any, path: Path, row: int) -> tuple[dict[str, str], ...]:
@@ -104,14 +122,21 @@ def validate_row(raw: Any, path: Path | str, row: int) -> PromptRow:
 
 def _read_jsonl(path: Path) -> list[Any]:
     records = []
-    with path.open(encoding="utf-8") as f:
-        for row, line in enumerate(f):
-            if not line.strip():
-                raise _fail(path, row, "<line>", "is blank", "one JSON object per line")
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise _fail(path, row, "<line>", f"is not valid JSON ({e.msg})", "one JSON object per line") from None
+    offset = 0  # of the line in the file, in bytes
+    for row, raw in enumerate(path.read_bytes().splitlines(keepends=True)):  # \n, \r\n, \r: as text mode
+        try:
+            line = raw.decode("utf-8-sig" if row == 0 else "utf-8")  # a BOM is UTF-8's own marker
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: line {row + 1}: byte 0x{raw[e.start]:02x} at byte offset {offset + e.start} "
+                            f"(column {e.start + 1}) is not UTF-8 ({e.reason}); allowed: UTF-8 text, one JSON "
+                            "object per line (re-encode the file as UTF-8)") from None
+        offset += len(raw)
+        if not line.strip():
+            raise _fail(path, row, "<line>", "is blank", "one JSON object per line")
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise _fail(path, row, "<line>", f"is not valid JSON ({e.msg})", "one JSON object per line") from None
     return records
 
 
@@ -119,9 +144,29 @@ def _read_parquet(path: Path) -> list[Any]:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path).to_pylist()
+        table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for corrupt files
         raise DataError(f"{path}: cannot read parquet: {e}") from e
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:  # a string column holding bytes that are not UTF-8
+        raise _bad_utf8_cell(path, table) from None
+
+
+def _bad_utf8_cell(path: Path, table) -> DataError:
+    """The first cell whose text is not UTF-8, named by row, column and byte offset."""
+    for name in table.column_names:
+        row = 0
+        for chunk in table.column(name).chunks:
+            for i in range(len(chunk)):
+                try:
+                    chunk[i].as_py()
+                except UnicodeDecodeError as e:
+                    return DataError(f"{path}: {row_label(path, row + i)}: column '{name}' has byte "
+                                     f"0x{e.object[e.start]:02x} at byte offset {e.start} of its text that is not "
+                                     f"UTF-8 ({e.reason}); allowed: UTF-8 strings")
+            row += len(chunk)
+    return DataError(f"{path}: a string column holds text that is not UTF-8; allowed: UTF-8 strings")
 
 
 def load_dataset(path: str | Path) -> list[PromptRow]:
@@ -155,6 +200,54 @@ def save_dataset(rows: Sequence[dict], path: str | Path) -> Path:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
     return path
+
+
+def data_fingerprint(paths: Sequence[str | Path]) -> dict[str, dict[str, int | str]]:
+    """What identifies each data file's content, by its path as given: ``{"sha256": hex,
+    "rows": records, "bytes": size}``.
+
+    Why a content hash and not only the row count: a run's ledger and cursor count prompts by
+    index, so a file reordered or edited in place between a run and its resume keeps its row
+    count while the indices now stand for other prompts.  Reads each file once (no parsing:
+    JSONL rows are its lines, parquet's come from its footer).
+    """
+    out = {}
+    for p in paths:
+        path = Path(p)
+        digest, size, lines, last = hashlib.sha256(), 0, 0, b"\n"
+        with path.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+                size += len(block)
+                lines += block.count(b"\n")
+                last = block[-1:]
+        if path.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq  # lazy: pyarrow only for parquet files
+
+            rows = pq.ParquetFile(path).metadata.num_rows
+        else:
+            rows = lines + (last != b"\n")  # a last line without its newline is a row too
+        out[str(p)] = {"sha256": digest.hexdigest(), "rows": int(rows), "bytes": size}
+    return out
+
+
+def data_changes(saved: dict[str, dict], now: dict[str, dict]) -> list[str]:
+    """What differs between two :func:`data_fingerprint` results, one phrase per file (empty:
+    the same data): a file gone or added, another row count, or the same rows with other content."""
+    changes = []
+    for name in sorted(set(saved) | set(now)):
+        was, got = saved.get(name), now.get(name)
+        if got is None:
+            changes.append(f"{name}: no longer among the data files")
+        elif was is None:
+            changes.append(f"{name}: a data file the run did not have")
+        elif was.get("rows") != got.get("rows"):
+            changes.append(f"{name}: {got.get('rows')} rows, was {was.get('rows')}")
+        elif was.get("sha256") != got.get("sha256"):
+            before, after = str(was.get("sha256"))[:12], str(got.get("sha256"))[:12]
+            changes.append(f"{name}: content changed with the same {got.get('rows')} rows (edited or reordered "
+                           f"in place; sha256 {before}... is now {after}...)")
+    return changes
 
 
 def load_reward_fn(path: str | Path, name: str = "compute_score") -> Callable[..., float]:

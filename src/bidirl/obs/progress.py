@@ -51,6 +51,7 @@ def format_progress(
     idle_ratios: Mapping[str, float] | None = None,
     staleness_mean: float | None = None,
     staleness_max: float | None = None,
+    slow_rewards: int | None = None,
 ) -> str:
     """The progress line; fields that are None are left out."""
     pct = 100.0 * step / total_steps if total_steps > 0 else 0.0
@@ -67,6 +68,8 @@ def format_progress(
         mean = "-" if staleness_mean is None else f"{staleness_mean:.1f}"
         peak = "-" if staleness_max is None else f"{staleness_max:g}"
         parts.append(f"stale {mean}/{peak}")
+    if slow_rewards:  # reward calls over 1 s (runtime.reward_call): they hold up every step
+        parts.append(f"slow rewards {slow_rewards}")
     if elapsed_s is not None:
         parts.append(format_duration(elapsed_s))
     if eta_s is not None:
@@ -118,7 +121,7 @@ class ProgressLine:
         """Record progress after ``step`` finished steps; returns the formatted line.
 
         ``fields``: ``format_progress``'s ``reward``, ``val_score``, ``tokens_per_s``, ``idle_ratios``,
-        ``staleness_mean`` and ``staleness_max``; elapsed time and ETA come from the clock.
+        ``staleness_mean``, ``staleness_max`` and ``slow_rewards``; elapsed time and ETA come from the clock.
         """
         now = self._clock()
         line = format_progress(step, self.total_steps, elapsed_s=now - self._t0, eta_s=self.eta_s(step, now), **fields)

@@ -61,6 +61,8 @@ class DataConfig:
         "error", "a reward that is not a finite number (NaN, inf, None, a string; or the function raised): "
         "error stops the run naming the row, response and value; zero scores it 0 and counts it "
         "(reward/bad_count)", resume_safe=True)
+    reward_timeout_s: float = option(30.0, "seconds one reward call may take; a call over it is abandoned and is "
+                                     "a bad reward (data.on_bad_reward)", gt=0, resume_safe=True)
     seed: int = option(0, "data shuffling seed", ge=0)
     max_prompt_length: int = option(
         512, "longest prompt in tokens (chat template applied, as the rollout sees it); vLLM's "
@@ -282,6 +284,11 @@ agree (a veRL file sets ``data.max_response_length`` and ``rollout.response_leng
 
 _ALIAS = dict(VERL_ALIASES)
 
+VERL_FIXED: dict[str, tuple[str, ...]] = {"algorithm.adv_estimator": ("grpo",)}
+"""veRL fields naming what bidirl always does, with the values that mean it: accepted and
+changing nothing (``grpo``, veRL's default: group-normalised advantages); another value is
+an error listing these."""
+
 
 def _leaves(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
     """(dotted key, value) of every leaf of a nested mapping; an empty mapping is a leaf."""
@@ -311,6 +318,11 @@ _VERL_ROOTS = ("actor_rollout_ref", "custom_reward_function", "critic", "algorit
 def _place(data: dict, key: str, value: Any) -> str:
     """Put ``key=value`` (a bidirl field or a veRL alias) into ``data``; the field's name."""
     name, value = _canonical(key, value)
+    if key in VERL_FIXED:  # nothing to set: what bidirl does anyway
+        if value not in VERL_FIXED[key]:
+            raise ConfigError(f"{key}: {value!r} not allowed; allowed: {', '.join(VERL_FIXED[key])} (bidirl's "
+                              "group-normalised advantages)")
+        return key
     if name.split(".", 1)[0] in _VERL_ROOTS:
         raise ConfigError(f"{key}: a veRL field bidirl does not take (the ones it takes, under their veRL "
                           "names, are listed by bidirl train --help)")

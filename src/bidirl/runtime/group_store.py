@@ -16,6 +16,11 @@ reward would otherwise turn its whole group's advantages, then every weight, int
 scored 0 and counted per group (``"zero"``; the reporter logs ``reward/bad_count``).
 A dict's other finite numbers (veRL's extra keys, e.g. ``{"score": 1.0, "acc": 1}``) are
 kept per response and logged by the reporter as ``reward/extra/<key>`` means per step.
+
+Every call goes through the run's :class:`~bidirl.runtime.reward_call.RewardGuard`
+(``data.reward_timeout_s``): a call that hangs is abandoned and one that raises
+``SystemExit``/``KeyboardInterrupt`` is a bad reward like any other.  Under ``zero``, a run
+whose first step has no good reward at all stops (``score_step``): it would train on zeros.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any, Literal
 
 from bidirl.algo.data import DataError
 from bidirl.runtime.messages import ResponseRequest, ResponseResult
+from bidirl.runtime.reward_call import DEFAULT_REWARD_TIMEOUT_S, RewardGuard, RewardTimeout
 
 OnBadReward = Literal["error", "zero"]
 
@@ -66,7 +72,10 @@ def _one_line(text: str, limit: int) -> str:
 
 
 def describe_bad_reward(raw: Any) -> str:
-    """What was wrong, in a few words: ``returned nan`` / ``raised KeyError: 'x'``."""
+    """What was wrong, in a few words: ``returned nan`` / ``raised KeyError: 'x'`` /
+    ``did not return within 30 s (data.reward_timeout_s=30; ...)``."""
+    if isinstance(raw, RewardTimeout):
+        return str(raw)
     if isinstance(raw, BaseException):
         return f"raised {type(raw).__name__}: {_one_line(str(raw), 160)}"
     if isinstance(raw, dict):
@@ -97,19 +106,22 @@ def reward_extras(raw: Any) -> dict[str, float]:
     return out
 
 
+_PLAIN_GUARD = RewardGuard()  # for a bare function (tests): the default time limit
+
+
 def call_reward(reward_fn: Callable, data_source: str, solution_str: str, ground_truth: Any,
                 extra_info: dict) -> tuple[float | None, Any]:
-    """(reward or None, what the function returned or raised)."""
-    try:
-        raw = reward_fn(data_source, solution_str, ground_truth, extra_info)
-    except Exception as e:  # noqa: BLE001 - the user's function: any failure is reported, not crashed on
-        return None, e
-    return reward_value(raw), raw
+    """(reward or None, what the function returned, or raised, or a ``RewardTimeout``), called
+    under the function's guard (a :class:`RewardFn`'s, else a default one)."""
+    guard = getattr(reward_fn, "guard", None) or _PLAIN_GUARD
+    returned, raw = guard.call(reward_fn, data_source, solution_str, ground_truth, extra_info)
+    return (reward_value(raw) if returned else None), raw
 
 
 @dataclass
 class RewardFn:
-    """The run's reward function with the choice for bad rewards (``data.on_bad_reward``).
+    """The run's reward function with the choice for bad rewards (``data.on_bad_reward``) and
+    its guard (``data.reward_timeout_s``; ``guard.stats`` counts slow and timed-out calls).
 
     ``GroupStore.score`` reads ``on_bad_reward`` from it, so the choice travels with the
     function wherever the runtime passes it.
@@ -118,6 +130,11 @@ class RewardFn:
     fn: Callable[..., Any]
     on_bad_reward: OnBadReward = "error"
     name: str = "compute_score"
+    timeout_s: float = DEFAULT_REWARD_TIMEOUT_S
+    guard: RewardGuard = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.guard = RewardGuard(self.timeout_s, self.name)
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None):
         return self.fn(data_source, solution_str, ground_truth, extra_info)
@@ -159,6 +176,7 @@ class GroupStore:
         self.cap_for = cap_for or (lambda _gid: max_new_tokens)
         self.groups: dict[int, GroupRecord] = {}
         self._warned_bad = False
+        self._first_step_scored = False
 
     def add(self, group_id: int, prompt_uid: str, prompt_ids: list[int], data_source: str,
             ground_truth: Any, extra_info: dict | None = None) -> GroupRecord:
@@ -236,8 +254,10 @@ class GroupStore:
                              f"response {i} {_one_line(repr(text), 80)}")
                     name = getattr(reward_fn, "name", None) or getattr(reward_fn, "__name__", "reward function")
                     if policy != "zero":
-                        raise BadRewardError(f"bad reward: {name} {problem} for {where}; fix the reward "
-                                             "function or set data.on_bad_reward=zero to score such responses 0")
+                        fix = ("make it faster, raise data.reward_timeout_s" if isinstance(raw, RewardTimeout)
+                               else "fix the reward function")
+                        raise BadRewardError(f"bad reward: {name} {problem} for {where}; {fix} or set "
+                                             "data.on_bad_reward=zero to score such responses 0")
                     if not self._warned_bad:
                         self._warned_bad = True
                         print(f"[bidirl] warning: {name} {problem} for {where}; scored 0 "
@@ -251,6 +271,26 @@ class GroupStore:
                         rec.extras[i] = extras
                 rec.rewards[i] = value
         return [rec.rewards[i] for i in range(rec.n)]
+
+    def score_step(self, group_ids, reward_fn, decode) -> list[list[float]]:
+        """``score`` of each group of a training step, in order.
+
+        The run's first step whose every response is bad (scored 0 under
+        ``data.on_bad_reward=zero``) is a :class:`BadRewardError`: with no good reward at all
+        the run would train on zeros and exit 0 as if it had learned.
+        """
+        rewards = [self.score(g, reward_fn, decode) for g in group_ids]
+        if not self._first_step_scored and group_ids:
+            self._first_step_scored = True
+            recs = [self.groups[g] for g in group_ids]
+            if all(len(r.bad) == r.n for r in recs):
+                name = getattr(reward_fn, "name", None) or getattr(reward_fn, "__name__", "reward function")
+                first = recs[0].bad[min(recs[0].bad)]
+                raise BadRewardError(f"every reward of the first training step was bad: all {sum(r.n for r in recs)} "
+                                     f"responses of its {len(recs)} groups scored 0 under data.on_bad_reward=zero "
+                                     f"(the first: {name} {first}); training on zeros learns nothing: fix the "
+                                     "reward function")
+        return rewards
 
     def bad_count(self, group_ids) -> int:
         """Responses of these (scored) groups whose reward was bad and scored 0."""

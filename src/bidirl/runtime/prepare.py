@@ -66,7 +66,7 @@ def prepare_data(cfg: TrainConfig):
         name = f"{Path(cfg.data.reward_fn).name}:{cfg.data.reward_fn_name}"
     else:
         fn, name = task_lib.compute_score, "the built-in compute_score"
-    reward_fn = RewardFn(fn, cfg.data.on_bad_reward, name)
+    reward_fn = RewardFn(fn, cfg.data.on_bad_reward, name, cfg.data.reward_timeout_s)
     if rows:
         check_reward_fn(reward_fn, rows[0])
     return rows, reward_fn
@@ -211,7 +211,7 @@ def _within_limit(cfg: TrainConfig, rows: list, tok, source: str, what: str,
     over = [i for i, n in enumerate(lengths) if n > limit]
     if over and not cfg.data.filter_overlong_prompts:
         first = rows[over[0]]
-        raise DataError(f"{first.path or source}: row {first.index}: {what} is {lengths[over[0]]} tokens "
+        raise DataError(f"{first.path or source}: {first.label}: {what} is {lengths[over[0]]} tokens "
                         f"(chat template applied), over data.max_prompt_length={limit} "
                         f"({len(over)} of {len(rows)} rows are); raise data.max_prompt_length "
                         f"or set data.filter_overlong_prompts=true to drop them")
@@ -297,7 +297,7 @@ def check_reward_fn(reward_fn, row) -> None:
     value, raw = call_reward(reward_fn, row.data_source, "", row.ground_truth, row.extra_info)
     if value is not None:
         return
-    what = (f"data.reward_fn: {reward_fn.name} {describe_bad_reward(raw)} when tried on data row {row.index} "
+    what = (f"data.reward_fn: {reward_fn.name} {describe_bad_reward(raw)} when tried on data {row.label} "
             f"(data_source {row.data_source!r}) with an empty response")
     if reward_fn.on_bad_reward == "error":
         raise BadRewardError(f"{what}, before any worker started; fix the reward function or set "

@@ -37,6 +37,7 @@ from bidirl.obs.progress import ProgressLine
 from bidirl.obs.samples_log import SamplesLog
 from bidirl.obs.trace import write_chrome_trace
 from bidirl.runtime.config import TrainConfig
+from bidirl.runtime.reward_call import slow_calls
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,8 @@ class StepReporter:
         self.metrics.log(rec.step, m)
         self.progress.update(rec.step + 1, reward=m["reward/mean"], val_score=self.val_score,
                              tokens_per_s=m["perf/throughput"], idle_ratios=seen.idle_ratios,
-                             staleness_mean=m["staleness/mean"], staleness_max=m["staleness/max"])
+                             staleness_mean=m["staleness/mean"], staleness_max=m["staleness/max"],
+                             slow_rewards=slow_calls(self.ex.job.reward_fn))
 
     def on_validation(self, result) -> None:
         """A scored validation (``validation.ValResult``): metrics at step = its version, samples."""

@@ -115,7 +115,7 @@ class TrainDriver:
         ex = self.ex
         job, goff, voff = ex.job, ex.job.group_offset, ex.job.version_offset
         gids = [g + goff for g in a.group_ids]
-        rewards = [job.store.score(g, job.reward_fn, job.decode) for g in gids]
+        rewards = job.store.score_step(gids, job.reward_fn, job.decode)
         samples, stale = [], []
         step = a.step + voff
         for g, adv in zip(gids, group_advantages_lists(rewards)):

@@ -70,7 +70,7 @@ def score_validation(vs: ValSet, out: dict, reward_fn, decode: Callable[[list[in
             if policy != "zero":
                 name = getattr(reward_fn, "name", "the reward function")
                 raise BadRewardError(f"bad reward in validation: {name} {describe_bad_reward(raw)} for "
-                                     f"{row.path or 'data'} row {row.index} (data_source {row.data_source!r}); fix "
+                                     f"{row.path or 'data'} {row.label} (data_source {row.data_source!r}); fix "
                                      "the reward function or set data.on_bad_reward=zero to score such responses 0")
             bad += 1
             value = 0.0

@@ -20,7 +20,9 @@ Above INFO, :func:`quiet_known_warnings` also drops, at their loggers, the vLLM 
 this configuration always produces and that say nothing about the run: the
 consequences of ``enforce_eager``/``TORCH_COMPILE_DISABLE``, Triton or tcmalloc not being
 installed on a CPU machine, the thread-binding notice, and per weight sync
-``RotaryEmbedding: Failed to load weights`` (rotary caches are computed, never loaded)
+``RotaryEmbedding: Failed to load weights`` (rotary caches are computed, never loaded),
+``ParallelLMHead: Failed to load weights`` (a tied model's head is its embedding: the
+trainer sends the embedding alone, and an untied head always comes with the weights)
 and ``Failed to reset prefix cache`` (prefix caching is off).  Every other warning shows.
 """
 
@@ -41,7 +43,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # (logger, message pattern): what quiet_known_warnings drops, and why it may (module doc).
 KNOWN_WARNINGS: tuple[tuple[str, str], ...] = (
-    ("vllm.model_executor.model_loader.reload.layerwise", r"\w*Rotary\w*: Failed to load weights"),
+    ("vllm.model_executor.model_loader.reload.layerwise", r"(\w*Rotary\w*|ParallelLMHead): Failed to load weights"),
     ("vllm.v1.core.block_pool", r"Failed to reset prefix cache because some blocks"),
     ("vllm.engine.arg_utils", r"The global random seed is set to"),
     ("vllm.config.vllm", r"Enforce eager set|TORCH_COMPILE_DISABLE is set|Inductor compilation was disabled|"
