@@ -29,7 +29,7 @@ from bidirl.runtime.model_check import (  # noqa: E402
 
 def _tiny_dir(path, hidden: int = 128, heads: int = 4, kv_heads: int = 2, **config):
     """bidirl's tiny Qwen2 model's config.json and tokenizer (no weights), ``config`` overriding."""
-    from bidirl.algo.tiny_model import build_tokenizer, tiny_config
+    from bidirl.models.tiny import build_tokenizer, tiny_config
 
     path.mkdir(parents=True, exist_ok=True)
     cfg = tiny_config(2, hidden, heads, kv_heads)

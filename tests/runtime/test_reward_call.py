@@ -16,8 +16,8 @@ import pytest
 from bidirl.algo.data import load_reward_fn
 from bidirl.obs.progress import format_progress
 from bidirl.runtime.group_store import BadRewardError, GroupStore, RewardFn
+from bidirl.runtime.messages import ResponseResult
 from bidirl.runtime.reward_call import RewardGuard, RewardTimeout, slow_calls
-from bidirl.runtime.rollout_role import ResponseResult
 
 HEADER = "import signal, sys, time\n\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
 
@@ -155,15 +155,15 @@ def test_validation_names_the_timeout_too(tmp_path):
 
 
 def test_the_setting_is_a_config_field_resume_may_change():
-    from bidirl.runtime.config import ConfigError, load_config
-    from bidirl.runtime.train import RESUME_SAFE, prepare_data
+    from bidirl.runtime.config import ConfigError, load_config, resume_safe
+    from bidirl.runtime.prepare import prepare_data
 
     cfg = load_config(None, ["data.reward_timeout_s=2.5"])
     assert prepare_data(cfg)[1].guard.timeout_s == 2.5
     assert load_config().data.reward_timeout_s == 30.0
     with pytest.raises(ConfigError, match="data.reward_timeout_s"):
         load_config(None, ["data.reward_timeout_s=0"])
-    assert "data.reward_timeout_s" in RESUME_SAFE
+    assert resume_safe("data.reward_timeout_s")
 
 
 def test_a_reward_fn_with_its_guard_pickles():
