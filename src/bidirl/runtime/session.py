@@ -41,7 +41,6 @@ same boundary checkpoint is written before the error is reported (exit status 2)
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -50,6 +49,7 @@ from pathlib import Path
 
 from bidirl.controller.events import StageMeasured
 from bidirl.obs.accounting import clip_intervals
+from bidirl.runtime.checkpoint_integrity import checkpoint_writer
 from bidirl.runtime.checkpoints import (  # noqa: F401  (re-exported for the tests)
     ResumeError,
     checkpoint_problem,
@@ -469,18 +469,9 @@ class TrainSession:
         crash or a refused save (``NonFiniteWeightsError``) never leaves a ``step_<k>/``
         behind; the newest ``run.keep_checkpoints`` complete ones are kept.
         """
-        out = self.ckpt_root / f"step_{next_step}"
-        tmp = self.ckpt_root / f".step_{next_step}.partial"  # renamed into place once whole
-        for d in (tmp, out):
-            if d.exists():
-                shutil.rmtree(d)
-        tmp.mkdir(parents=True)
-        try:
+        with checkpoint_writer(self.ckpt_root, next_step) as tmp:  # manifest last, then renamed into place
             self._write_checkpoint(tmp, next_step, rt)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        out = self.ckpt_root / f"step_{next_step}"
         self.checkpointed = next_step
         for old in complete_checkpoints(self.ckpt_root)[:-self.cfg.run.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
