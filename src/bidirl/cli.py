@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bidirl.policy import policy_names
+from bidirl.runtime.leftovers import clean_stale_runs
 
 # ``bidirl.sim.confirm.DEFAULT_K``, spelled here so that building the parser (for every
 # command, ``train`` included) does not import the planner and the simulator; a test
@@ -197,10 +198,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     try:
+        from bidirl.runtime.exits import run_train  # lazy: with train, only where the runtime extras are
         from bidirl.runtime.train import main as train_main
     except ImportError as e:  # the runtime extras are not installed
         raise UserError(f"bidirl train needs the runtime extras (torch, vllm, ray): {e}") from e
-    return train_main(args)
+    return run_train(train_main, args, _user_errors())  # signals, the last line (runtime/exits.py)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -325,7 +327,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     errors: list[type[Exception]] = [UserError, ScenarioError, FileNotFoundError]
     for mod, name in (("bidirl.runtime.config", "ConfigError"), ("bidirl.algo.data", "DataError"),
                       ("bidirl.planner.plan", "PlanError"), ("bidirl.engines.trainer_config", "NonFiniteError"),
-                      ("bidirl.runtime.placement", "NodeLost")):
+                      ("bidirl.runtime.placement", "NodeLost"), ("bidirl.runtime.exits", "WorkerLost")):
         try:
             errors.append(getattr(__import__(mod, fromlist=[name]), name))
         except (ImportError, AttributeError):
@@ -348,6 +350,7 @@ def _message(e: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    clean_stale_runs()  # what a killed run left in /tmp (runtime/leftovers.py)
     try:
         return args.func(args)
     except _user_errors() as e:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bidirl.engines.trainer_config import NonFiniteWeightsError
 from bidirl.runtime.config import ConfigError
 
 MANIFEST = "MANIFEST.json"
@@ -148,8 +149,6 @@ def require_finite(params, where: str) -> None:
     """``NonFiniteWeightsError`` naming the first of ``params`` (name -> torch tensor or numpy
     array) that holds NaN or inf: weights loaded from ``where``, which no step of this run
     produced.  Tensors are looked at one at a time (no copy of the whole model on a CPU)."""
-    from bidirl.engines.trainer_config import NonFiniteWeightsError
-
     for name, p in params.items():
         a = p.detach().float().cpu().numpy() if hasattr(p, "detach") else np.asarray(p)
         if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():

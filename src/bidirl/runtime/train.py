@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from bidirl.runtime.config import ConfigError, TrainConfig, load_config
+from bidirl.runtime.exits import note_run_dir
 
 MODELS_CACHE = Path(os.environ.get("BIDIRL_CACHE", Path.home() / ".cache" / "bidirl")) / "models"
 
@@ -494,6 +495,7 @@ def main(args, wrap_backend=None) -> int:
         run_dir = resolve_run_dir(cfg, None, args.run_dir)
         write_config(run_dir, cfg)
         session = TrainSession(cfg, run_dir, resume=False, wrap_backend=wrap_backend)
+    note_run_dir(run_dir)  # messages raised deep in the run name it (runtime/exits.py)
     if args.ray_address:
         cfg.cluster.ray_address = args.ray_address
     try:
