@@ -214,6 +214,15 @@ def test_a_full_disk_inside_a_worker_names_the_file_written_last(tmp_path, monke
         with checkpoint_writer(root, 2) as tmp:
             _fill(tmp)
             raise RayTaskError(RuntimeError("[enforce fail at inline_container.cc:783] . unexpected pos 64 vs 0"))
+    class SafetensorError(Exception):  # what safetensors raises, having removed its file
+        pass
+
+    with pytest.raises(DiskFullError, match=r"checkpoint step_2 \(model/\*.safetensors\)"):
+        with checkpoint_writer(root, 2) as tmp:
+            (tmp / "model").mkdir()
+            (tmp / "model" / "config.json").write_text("{}")
+            raise RayTaskError(SafetensorError("Error while serializing: I/O error: No space left on device "
+                                               "(os error 28)"))
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 << 30, 1 << 30, 9 << 30))
     with pytest.raises(RayTaskError), checkpoint_writer(root, 2) as tmp:
         raise RayTaskError(RuntimeError("unexpected pos 64 vs 0"))

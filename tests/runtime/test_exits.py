@@ -140,3 +140,42 @@ def test_the_cli_reports_a_lost_primary_trainer_in_one_line(tmp_path, monkeypatc
     assert err == [f"bidirl train: error: device 1 (the primary trainer, which holds the optimizer) died (DeviceLost: "
                    f"the actor died); the run cannot go on without it; resume from checkpoint step_2 with: bidirl "
                    f"train --resume {run}"]
+
+
+def test_the_executor_ends_a_run_whose_primary_trainer_died_with_that_line(tmp_path, monkeypatch):
+    """On the fake device backend: the primary trainer's worker dies during its third step;
+    the loop ends with ``WorkerLost`` naming the run directory (no placeholder)."""
+    import fake_run
+
+    from bidirl.runtime.exits import WorkerLost
+
+    run = _run_dir(tmp_path, checkpoint=2)
+    note_run_dir(run)
+
+    class KillPrimaryInStep3:
+        def __init__(self, inner, primary):
+            self.inner, self.primary, self.steps = inner, primary, 0
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def submit(self, device, method, *args, returns=1, **kwargs):
+            out = self.inner.submit(device, method, *args, returns=returns, **kwargs)
+            if device == self.primary and args[:2] == ("train", "apply_refs"):
+                self.steps += 1
+                if self.steps == 3:
+                    self.inner.kill(device)
+            return out
+
+    real = fake_run.FakeBackend
+
+    def backend(devices, costs=None):
+        inner = real(devices, costs)
+        return KillPrimaryInStep3(inner, devices[-1])
+
+    monkeypatch.setattr(fake_run, "FakeBackend", backend)
+    with pytest.raises(WorkerLost) as e:
+        fake_run.run_fake("async")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("device 2 (the primary trainer, which holds the optimizer) died (")
+    assert msg.endswith(f"resume from checkpoint step_2 with: bidirl train --resume {run}"), msg

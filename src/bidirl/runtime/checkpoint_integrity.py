@@ -223,6 +223,8 @@ def disk_full_error(e: BaseException, ckpt_root: Path, step: int, partial: Path,
     if how == "text" and free >= max(64 << 20, newest + written):
         return None
     name = written_last or "?"
+    if any("Safetensor" in type(x).__name__ for x in _chain(e)):  # it removes what it could not finish
+        name = (Path(written_last).parent / "*.safetensors").as_posix() if written_last else "*.safetensors"
     if filename:
         path = Path(filename)
         name = path.relative_to(partial).as_posix() if path.is_relative_to(partial) else str(path)
