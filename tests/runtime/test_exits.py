@@ -69,6 +69,14 @@ def test_a_signal_during_start_up_ends_with_one_line_and_the_resume_command(tmp_
         getattr(signal.getsignal(signal.SIGTERM), "__self__", None), DriverSignals), "handlers put back"
 
 
+def test_a_resume_interrupted_before_its_directory_is_resolved_still_names_it(tmp_path, capsys):
+    import argparse
+
+    run = _run_dir(tmp_path, checkpoint=6)
+    assert run_train(_interrupted_by(signal.SIGTERM), argparse.Namespace(resume=str(run)), ()) == 143
+    assert capsys.readouterr().err.strip().endswith(f"resume from checkpoint step_6 with: bidirl train --resume {run}")
+
+
 def test_a_signal_before_anything_was_kept_says_to_start_again(capsys):
     assert run_train(_interrupted_by(signal.SIGINT), None, ()) == 130
     err = capsys.readouterr().err.strip().splitlines()

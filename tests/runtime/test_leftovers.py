@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -54,6 +55,7 @@ def test_private_dir_records_its_owner_and_is_the_workers_tmpdir(root):
         assert os.environ[MARK_VAR] == d and os.environ["TMPDIR"] == os.path.join(d, "t")
         out = subprocess.run(["bash", "-c", "mktemp"], capture_output=True, text=True).stdout.strip()
         assert out.startswith(os.path.join(d, "t") + "/"), "a child's temporary files go inside"
+        assert not tempfile.gettempdir().startswith(d), "this process's own stay where they were"
         assert stale_dirs() == [], "its owner is alive"
     assert not os.path.exists(d)
     assert {k: os.environ.get(k) for k in (MARK_VAR, "TMPDIR")} == before

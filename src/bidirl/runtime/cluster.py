@@ -2,7 +2,12 @@
 
 A local run must not listen on the machine's external interface and must never kill
 other users' Ray processes (so no ``ray stop``): we start a private instance with its own
-temp dir, shut down only that one, and remove its temp dir when it ends.
+temp dir, shut down only that one, and remove its temp dir when it ends.  That directory
+(``runtime/leftovers.py``) also records the driver as its owner and is the ``TMPDIR`` of
+every process the instance starts (vLLM's ``vllm_dist_*`` files go with it); what a driver
+killed outright leaves is removed by the next ``bidirl`` command.  In the driver, Ray's
+C++ failure-signal handler is switched off (:func:`_keep_driver_signals`): the driver's
+own SIGINT/SIGTERM handlers (``runtime/exits.py``, ``runtime/stops.py``) stay in charge.
 
 Loopback alone does not keep other users of a shared host out: any local account can
 connect to a port on 127.0.0.1, and a Ray cluster runs whatever code a client sends it.

@@ -141,7 +141,7 @@ def run_train(train, args, user_errors: tuple[type[BaseException], ...]) -> int:
     anywhere is a one-line :class:`DiskFullError`; an unexpected error is announced with
     the resume command before its traceback.  ``user_errors``: what the CLI reports in one
     line (passed on as they are)."""
-    note_run_dir(None)
+    note_run_dir(getattr(args, "resume", None))  # train.main notes the directory it resolves
     signals = DriverSignals()
     signals.install()
     try:

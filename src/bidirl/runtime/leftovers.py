@@ -85,8 +85,9 @@ def _alive(pid: int, started: str) -> bool:
 def private_dir():
     """A fresh ``/tmp/bidirl-ray-XXXXXXXX/`` as the module docstring describes; for the
     block, ``BIDIRL_RAY_DIR`` and ``TMPDIR`` of this process's environment point into it
-    (its children, Ray's processes, inherit them); afterwards both are as before and the
-    directory is gone.  Yields its path."""
+    (its children, Ray's processes, inherit them; this process's ``tempfile`` keeps its
+    own directory); afterwards both are as before and the directory is gone.  Yields its path."""
+    tempfile.gettempdir()  # cached now: this process's own temporary files stay where they were
     tmp = tempfile.mkdtemp(prefix=PREFIX, dir=ROOT)
     saved = {k: os.environ.get(k) for k in (MARK_VAR, "TMPDIR")}
     try:
