@@ -30,6 +30,8 @@ from bidirl.planner.plan import PlanError
 from bidirl.policy import policy_names
 from bidirl.runtime.checkpoints import export_model
 from bidirl.runtime.config import ConfigError, help_text
+from bidirl.runtime.exits import WorkerLost, run_train
+from bidirl.runtime.leftovers import clean_stale_runs
 from bidirl.runtime.placement import NodeLost
 from bidirl.sim import grid
 from bidirl.sim import scenario as scn
@@ -198,7 +200,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from bidirl.runtime.train import main as train_main  # lazy: pulls in torch, vLLM and Ray
     except ImportError as e:  # the runtime extras are not installed
         raise UserError(f"bidirl train needs the runtime extras (torch, vllm, ray): {e}") from e
-    return train_main(args)
+    return run_train(train_main, args, USER_ERRORS)  # signals, the last line (runtime/exits.py)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -310,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
 # Exceptions that mean "your input is wrong" (or, ``NodeLost``, that the run cannot go on
 # where it is): reported in one line, exit status 2.
 USER_ERRORS: tuple[type[Exception], ...] = (
-    UserError, ScenarioError, FileNotFoundError, ConfigError, DataError, PlanError, NonFiniteError, NodeLost)
+    UserError, ScenarioError, FileNotFoundError, ConfigError, DataError, PlanError, NonFiniteError, NodeLost,
+    WorkerLost)
 
 
 def _message(e: Exception) -> str:
@@ -328,6 +331,7 @@ def _message(e: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    clean_stale_runs()  # what a killed run left in /tmp (runtime/leftovers.py)
     try:
         return args.func(args)
     except USER_ERRORS as e:

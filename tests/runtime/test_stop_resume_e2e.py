@@ -3,8 +3,9 @@
 A SIGTERM or SIGINT to the driver mid-run stops it at the next step boundary with a
 checkpoint of that boundary, the summary, the trace and the timeline, status 128 + the
 signal; ``--resume`` then trains every group exactly once.  A finished run is reported
-finished, a changed ledger-relevant field is refused, and a damaged newest checkpoint is
-passed over for the older one.  Each run here costs about half a minute on 2 cores.
+finished, a changed ledger-relevant field is refused, and a damaged newest checkpoint (random
+bytes in the middle of its weights: caught by its manifest's sha256) is marked and passed
+over for the older one.  Each run here costs about half a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -119,11 +120,18 @@ def test_finished_run_changed_config_and_damaged_checkpoint(tmp_path, real_runti
     assert "rollout.group_size is 4" in errors[0] and "Traceback" not in out.stderr
     assert not (run / "resume_changes.jsonl").exists(), "a refused resume records nothing"
 
-    state = ckpts / "step_3" / "state.json"
-    state.write_text(state.read_text()[:100])  # torn
+    # random bytes into the middle of the newest weights: sizes, header and markers intact
+    weights = ckpts / "step_3" / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = os.urandom(64)
+    weights.write_bytes(bytes(data))
     out = run_cli("train", "--resume", str(run), "run.steps=4", "trainer.lr=5e-4")  # a change it allows
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "step_3 is unusable" in out.stderr and f"resuming from {ckpts / 'step_2'} at step 2" in out.stderr
+    damaged = [ln for ln in out.stderr.splitlines() if "is unusable" in ln]
+    assert damaged == [f"[bidirl] checkpoint {ckpts / 'step_3'} is unusable (model/model.safetensors: content "
+                       "differs from MANIFEST.json (sha256 mismatch: changed after it was written)), marked DAMAGED; "
+                       f"falling back to {ckpts / 'step_2'}, the newest usable checkpoint"], out.stderr[-3000:]
+    assert f"resuming from {ckpts / 'step_2'} at step 2" in out.stderr
     changes = [json.loads(ln) for ln in (run / "resume_changes.jsonl").read_text().splitlines()]
     assert [(c["step"], c["field"], c["new"]) for c in changes] == [(2, "run.steps", 4), (2, "trainer.lr", 5e-4)]
     assert _groups(run) == list(range(4 * PPS)), "no group lost, none trained twice"

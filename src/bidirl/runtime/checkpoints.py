@@ -4,18 +4,24 @@ A checkpoint ``step_<k>/`` holds ``model/``, a Hugging Face model directory
 (``config.json``, ``generation_config.json``, ``model.safetensors``, the tokenizer files and
 chat template) that ``AutoModelForCausalLM``, ``AutoTokenizer`` and ``vllm.LLM`` load as is;
 ``trainer/`` with the optimizer (``optimizer.pt``) and the version (``trainer_state.json``);
-``state.json`` (prompt cursor, buffered and in-flight groups) and ``COMPLETE``.  Checkpoints
+``state.json`` (prompt cursor, buffered and in-flight groups), ``COMPLETE`` and, written
+last, ``MANIFEST.json`` (each file's size and sha256).  Checkpoints
 written before model directories kept the weights in ``trainer/model.safetensors``; they
 still resume.
 
 A checkpoint is usable when its ``state.json`` parses and names its own step, its model and
 trainer files are whole (``config.json`` parses, each safetensors header matches its file's
-size, ``optimizer.pt`` is a whole zip) and the ledger holds every group of every step
-before it exactly once.  ``metrics.jsonl`` and the ledger are JSON lines; a torn last line
-(what a crash mid-write leaves) is dropped.
+size, ``optimizer.pt`` is a whole zip), every file matches the size and sha256 its
+``MANIFEST.json`` records and every weight is finite (``checkpoint_integrity``; a
+checkpoint written before manifests is judged on finiteness alone), and the ledger holds
+every group of every step before it exactly once.  One that is not is marked damaged
+(``DAMAGED`` holds the reason, ``COMPLETE`` goes) and the next older one is tried.
+``metrics.jsonl`` and the ledger are JSON lines; a torn last line (what a crash mid-write
+leaves) is dropped.
 
 Writing one (``write_checkpoint``) happens at a step boundary, while the primary trainer is
-idle: into ``.step_<k>.partial/``, renamed into place once whole.
+idle: into ``.step_<k>.partial/``, its manifest written last, then renamed into place
+(``checkpoint_integrity.checkpoint_writer``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
+from bidirl.runtime.checkpoint_integrity import checkpoint_writer, integrity_problem, manifest_problem
 from bidirl.runtime.config import ConfigError
 
 
@@ -142,6 +149,9 @@ def checkpoint_problem(ckpt: Path) -> tuple[str | None, dict | None]:
         json.loads((trainer / "trainer_state.json").read_text())["version"]
     except (OSError, ValueError, KeyError, TypeError):
         return "trainer/trainer_state.json: truncated or corrupt", None
+    bad = integrity_problem(ckpt)  # the contents: sha256 against the manifest, finite weights
+    if bad:
+        return bad, None
     return None, state
 
 
@@ -173,7 +183,10 @@ def complete_checkpoints(ckpt_root: Path) -> list[Path]:
 def select_checkpoint(ckpt_root: Path, ledger_path: Path, prompts_per_step: int,
                       mark_damaged: bool = True) -> tuple[Path | None, dict | None]:
     """(newest usable checkpoint, its state) as the module docstring describes, or
-    (None, None) when there is no complete checkpoint; ``ResumeError`` when none is usable."""
+    (None, None) when there is no complete checkpoint; ``ResumeError`` when none is usable.
+
+    Newer unusable ones are marked damaged (unless ``mark_damaged`` is False) only once a
+    usable one is found, and one line on stderr says which, why, and which is used."""
     done = complete_checkpoints(ckpt_root)
     if not done:
         return None, None
@@ -194,10 +207,12 @@ def select_checkpoint(ckpt_root: Path, ledger_path: Path, prompts_per_step: int,
                 (bad / "DAMAGED").write_text(reason + "\n")
                 (bad / "COMPLETE").unlink(missing_ok=True)
             if unusable:
-                print(f"[bidirl] falling back to {ckpt}, the newest usable checkpoint", file=sys.stderr)
+                what = "; ".join(f"checkpoint {bad} is unusable ({reason})" for bad, reason in unusable)
+                marked = ", marked DAMAGED" if mark_damaged else ""
+                print(f"[bidirl] {what}{marked}; falling back to {ckpt}, the newest usable checkpoint",
+                      file=sys.stderr)
             return ckpt, state
         unusable.append((ckpt, why))
-        print(f"[bidirl] checkpoint {ckpt} is unusable: {why}", file=sys.stderr)
     reasons = [f"{c.name}: {why}" for c, why in unusable]
     raise ResumeError(f"--resume: no usable checkpoint in {ckpt_root} ({'; '.join(reasons)}); "
                       "start a new run, or repair the run directory")
@@ -210,25 +225,17 @@ def write_checkpoint(ckpt_root: Path, next_step: int, ex, store, cursor, rewards
 
     ``ex`` is the run's ``DeviceExecutor`` (the primary trainer saves, the serving replicas
     snapshot their partial responses), ``store`` its ``GroupStore``, ``cursor`` the prompt
-    cursor.  It is written to ``.step_<k>.partial/`` and renamed into place once whole, so a
-    crash or a refused save (``NonFiniteWeightsError``) never leaves a ``step_<k>/`` behind;
+    cursor.  It is written to ``.step_<k>.partial/``, its manifest last, and renamed into place
+    once whole, so a crash, a full disk (``DiskFullError``) or a refused save
+    (``NonFiniteWeightsError``) never leaves a ``step_<k>/`` behind;
     the newest ``keep`` complete ones are kept.
     """
-    out = ckpt_root / f"step_{next_step}"
-    tmp = ckpt_root / f".step_{next_step}.partial"  # renamed into place once whole
-    for d in (tmp, out):
-        if d.exists():
-            shutil.rmtree(d)
-    tmp.mkdir(parents=True)
-    try:
+    with checkpoint_writer(ckpt_root, next_step) as tmp:  # manifest last, then renamed into place
         ex.call_now(ex.layout.train_devices[0], "call", "train", "save", str(tmp))
         state = _boundary_state(next_step, ex, store, cursor, rewards_by_step, prompts_per_step)
         (tmp / "state.json").write_text(json.dumps(state))
         (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    out = ckpt_root / f"step_{next_step}"
     for old in complete_checkpoints(ckpt_root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return out
@@ -281,9 +288,10 @@ def _copy_dir(src: Path, dst: Path, link: bool) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def checkpoint_model(run_dir: Path, step: int | None = None) -> Path:
+def checkpoint_model(run_dir: Path, step: int | None = None, verify: bool = False) -> Path:
     """The model directory of checkpoint ``step`` of ``run_dir`` (default: the newest complete
-    one whose model is whole); a one-line ``ConfigError`` when there is none."""
+    one whose model is whole, and with ``verify`` matches its manifest); a one-line
+    ``ConfigError`` when there is none."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a bidirl run directory (no config.yaml)")
@@ -298,6 +306,8 @@ def checkpoint_model(run_dir: Path, step: int | None = None) -> Path:
         model = ckpt / "model"
         why = model_problem(model, "model/") if model.is_dir() else (
             "written before checkpoints held model directories (weights only, in trainer/)")
+        if why is None and verify:
+            why = manifest_problem(ckpt, under="model/")
         if why is None:
             return model
         problems.append(f"{ckpt.name}: {why}")
@@ -311,7 +321,7 @@ def export_model(run_dir: Path, out: Path, step: int | None = None) -> Path:
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"export: {out} exists and is not an empty directory")
-    src = checkpoint_model(run_dir, step)
+    src = checkpoint_model(run_dir, step, verify=True)
     _copy_dir(src, out, link=False)
     return src
 

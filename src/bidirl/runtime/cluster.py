@@ -2,7 +2,12 @@
 
 A local run must not listen on the machine's external interface and must never kill
 other users' Ray processes (so no ``ray stop``): we start a private instance with its own
-temp dir, shut down only that one, and remove its temp dir when it ends.
+temp dir, shut down only that one, and remove its temp dir when it ends.  That directory
+(``runtime/leftovers.py``) also records the driver as its owner and is the ``TMPDIR`` of
+every process the instance starts (vLLM's ``vllm_dist_*`` files go with it); what a driver
+killed outright leaves is removed by the next ``bidirl`` command.  In the driver, Ray's
+C++ failure-signal handler is switched off (:func:`_keep_driver_signals`): the driver's
+own SIGINT/SIGTERM handlers (``runtime/exits.py``, ``runtime/stops.py``) stay in charge.
 
 Loopback alone does not keep other users of a shared host out: any local account can
 connect to a port on 127.0.0.1, and a Ray cluster runs whatever code a client sends it.
@@ -34,11 +39,10 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shutil
-import signal
-import tempfile
 import threading
 from contextlib import contextmanager
+
+from bidirl.runtime.leftovers import kill_ray_processes_with, private_dir
 
 LOCAL_ENV = {
     # Ray binds 127.0.0.1 instead of the external interface with this set.
@@ -71,11 +75,6 @@ def _reload_auth() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
-RAY_PROCESS_NAMES = ("ray::", "ray/_private/workers/default_worker.py", "ray/core/src/ray/")
-"""How a Ray process's command line starts or reads: a worker after and before it names
-itself (``ray::DeviceWorker``, ``default_worker.py``), or Ray's own binaries."""
-
-
 def kill_leftovers(token: str) -> list[int]:
     """SIGKILL every Ray process of this machine still holding ``token`` in its environment.
 
@@ -87,27 +86,7 @@ def kill_leftovers(token: str) -> list[int]:
     names them; a process that is not Ray's (whatever its environment) is never touched.
     Linux only (``/proc``); elsewhere nothing is done.
     """
-    needle = f"RAY_AUTH_TOKEN={token}".encode()
-    killed = []
-    try:
-        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit() and int(e.name) != os.getpid()]
-    except OSError:
-        return killed
-    for pid in entries:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # gone, or not ours to read
-            continue
-        if needle in env and any(name in cmd for name in RAY_PROCESS_NAMES):
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-                killed.append(int(pid))
-            except OSError:
-                pass
-    return killed
+    return kill_ray_processes_with(f"RAY_AUTH_TOKEN={token}")
 
 
 @contextmanager
@@ -241,6 +220,19 @@ def _in_background(init):
             start.close()
 
 
+def _keep_driver_signals() -> None:
+    """No C++ failure-signal handler in this process (the driver) when Ray connects it.
+
+    Ray's core worker installs one (absl's) for SIGTERM among others, over whatever handler
+    the process had: a SIGTERM to the driver then printed a C++ stack dump before anything
+    else could run (seen 4 s into a run).  The driver has its own handlers
+    (``runtime/exits.py``, ``runtime/stops.py``); Ray reads this switch when it connects, so
+    its workers, which import Ray afresh, keep theirs."""
+    from ray._private import ray_constants
+
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+
+
 @contextmanager
 def _session(address: str | None, num_cpus: int | None, log_level: str, background: bool):
     for k, v in LOCAL_ENV.items():
@@ -249,6 +241,7 @@ def _session(address: str | None, num_cpus: int | None, log_level: str, backgrou
         os.environ[CLUSTER_MODE_VAR] = "1"
     import ray
 
+    _keep_driver_signals()
     if ray.is_initialized():  # a Ray this process already runs: used as it is, never shut down here
         if not background:
             yield ray
@@ -268,13 +261,11 @@ def _session(address: str | None, num_cpus: int | None, log_level: str, backgrou
     # Short path: Ray's unix socket names must stay under ~107 characters.  Ray makes its
     # temp dir world-writable (chmod 0777); it goes one level inside ours, which mkdtemp
     # makes 0700, so no other user can reach the sockets, logs or spilled objects in it.
-    tmp = tempfile.mkdtemp(prefix="bidirl-ray-", dir="/tmp")
-    try:
-        with private_token():
-            with started(lambda: ray.init(num_cpus=num_cpus, include_dashboard=False,
-                                          _temp_dir=os.path.join(tmp, "r"), _node_ip_address="127.0.0.1",
-                                          log_to_driver=True, configure_logging=False,
-                                          logging_level=level, _system_config=NO_IDLE_WORKERS)) as handle:
-                yield handle
-    finally:  # the private instance's sockets, logs and object spill go with it
-        shutil.rmtree(tmp, ignore_errors=True)
+    # The directory (runtime/leftovers.py) is the workers' TMPDIR too, records its owner,
+    # and goes on leaving, with the sockets, logs, spilled objects and vLLM's files.
+    with private_dir() as tmp, private_token():
+        with started(lambda: ray.init(num_cpus=num_cpus, include_dashboard=False,
+                                      _temp_dir=os.path.join(tmp, "r"), _node_ip_address="127.0.0.1",
+                                      log_to_driver=True, configure_logging=False,
+                                      logging_level=level, _system_config=NO_IDLE_WORKERS)) as handle:
+            yield handle

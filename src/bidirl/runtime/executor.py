@@ -47,6 +47,7 @@ from bidirl.frame.device_time import Recorder
 from bidirl.frame.hosting import Hosting
 from bidirl.frame.pump import EventPump
 from bidirl.runtime.calls import CallBook
+from bidirl.runtime.exits import primary_trainer_lost
 from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.rollout_driver import RolloutDriver
 from bidirl.runtime.train_driver import TrainDriver
@@ -291,8 +292,7 @@ class DeviceExecutor:
         optimizer; losing one ends the run, and ``--resume`` restarts from the checkpoint.
         """
         if self.layout.pools[dev] == "train":
-            raise RuntimeError(f"device {dev} (primary trainer) died; resume from the last checkpoint "
-                               "with: bidirl train --resume RUN_DIR")
+            raise primary_trainer_lost(dev, sys.exc_info()[1])  # one line naming the run directory
         u = self.devices.unit[dev]
         self.lost_devices.append((dev, self.now()))
         print(f"[bidirl] device {dev} (unit {u}) died; redoing its work and restarting it", file=sys.stderr)

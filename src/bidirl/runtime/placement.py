@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.core.ledger import Role, switch_kind
 from bidirl.runtime.config import ConfigError, TrainConfig
+from bidirl.runtime.exits import resume_command, resume_point
 from bidirl.runtime.worker import worker_class
 
 DEVICE_RESOURCE = "bidirl_devices"  # what a node offers bidirl (a custom Ray resource)
@@ -284,8 +285,8 @@ def _worker_factory(cfg: TrainConfig, spec: ClusterSpec, placement: Placement | 
             node = placement.nodes[placement.device_node[d]]
             if not node.answers() or not any(x["NodeID"] == node.node_id and x.get("Alive") for x in ray.nodes()):
                 raise NodeLost(f"node {node.ip} (devices {placement.devices_on(node.index)}) is gone: device {d} "
-                               "cannot be restarted there; resume from the last checkpoint with: bidirl train "
-                               "--resume RUN_DIR (on the nodes left, e.g. cluster.ray_address=null)")
+                               f"cannot be restarted there; resume from {resume_point()} with: {resume_command()} "
+                               "(on the nodes left, e.g. cluster.ray_address=null)")
         pool = "rollout" if d < len(spec.replica_devices) else "train"
         return cls.options(scheduling_strategy=strategy(d), **extra).remote(d, pool, cfg.trainer.threads,
                                                                              cfg.run.seed)

@@ -19,6 +19,7 @@ import sys
 import yaml
 
 from bidirl.runtime.config import ConfigError, load_config
+from bidirl.runtime.exits import note_run_dir
 from bidirl.runtime.run_dir import (
     check_saved_config,
     record_resume_changes,
@@ -66,6 +67,7 @@ def main(args, wrap_backend=None) -> int:
         run_dir = resolve_run_dir(cfg, None, args.run_dir)
         write_config(run_dir, cfg)
         session = TrainSession(cfg, run_dir, resume=False, wrap_backend=wrap_backend, ray_address=args.ray_address)
+    note_run_dir(run_dir)  # messages raised deep in the run name it (runtime/exits.py)
     try:
         summary = session.run()
     except BaseException:

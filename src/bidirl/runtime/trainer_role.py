@@ -16,6 +16,7 @@ from typing import Any
 from bidirl.engines.train_batch import GradChunk, TrainSample
 from bidirl.engines.trainer_config import from_wire
 from bidirl.engines.trainer_torch import TorchTrainer
+from bidirl.runtime.checkpoint_integrity import require_finite
 from bidirl.runtime.checkpoints import checkpoint_dirs
 
 
@@ -25,6 +26,7 @@ class TrainerRole:
         """``config`` is ``trainer_wire(...)``'s dict; ``threads`` is the worker's own setting."""
         cfg, device, seed = from_wire(config or {}, threads)
         self.trainer = TorchTrainer(model_dir, cfg, process_group=process_group, device=device, seed=seed)
+        require_finite(self.trainer.params, f"model {model_dir}")  # NaN in: every step would be skipped
         if weights is not None:
             self.trainer.set_weights_numpy(weights, version)
 
@@ -89,6 +91,7 @@ class TrainerRole:
     def load(self, ckpt_dir: str) -> int:
         """Read what :meth:`save` wrote (or a checkpoint of the older layout, weights in ``trainer/``)."""
         self.trainer.load_checkpoint(*checkpoint_dirs(ckpt_dir))
+        require_finite(self.trainer.params, f"checkpoint {ckpt_dir}")  # NaN in: every step would be skipped
         return self.trainer.version
 
     def sleep(self) -> None:
