@@ -270,8 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="YAML config file")
     t.add_argument("--resume", help="run directory to continue, from its newest usable checkpoint and with its "
                    "config.yaml (not with --config or --run-dir); key=value may change only fields that do not "
-                   "define the data stream or the ledger (runtime/train.RESUME_SAFE: run.steps, trainer.*, "
-                   "cluster.*, ...), each recorded in RUN_DIR/resume_changes.jsonl")
+                   "define the data stream or the ledger (resume_safe fields in runtime/config.py: run.steps, "
+                   "trainer.*, cluster.*, ...), each recorded in RUN_DIR/resume_changes.jsonl")
+    t.add_argument("--allow-data-change", action="store_true",
+                   help="with --resume: accept training data files that changed since the run began (by default "
+                   "refused: the ledger counts prompts by index); the change is recorded in resume_changes.jsonl")
     t.add_argument("--ray-address", help="join an existing Ray cluster instead")
     t.add_argument("--run-dir", help="where to write the run (default runs/<time>)")
     t.add_argument("--print-config", action="store_true",

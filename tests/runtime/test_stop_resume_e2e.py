@@ -100,6 +100,8 @@ def test_signals_stop_at_a_step_boundary_and_resumes_train_each_group_once(tmp_p
     assert f"resuming from {run / 'checkpoints' / f'step_{k2}'} at step {k2}" in out.stderr
     assert _groups(run) == list(range(steps * PPS)), "no group lost, none trained twice"
     assert _reward_steps(run) == list(range(steps)), "each step's metrics once"
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["steps"], summary["segment_steps"]) == (steps, steps - k2), "the run's steps, and this segment's"
     assert_run_sound(run, steps, PPS)
 
 

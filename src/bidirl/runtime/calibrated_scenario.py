@@ -312,7 +312,7 @@ def facts_from_run_dir(run_dir: Path) -> RunFacts:
     cfg = load_config(str(run_dir / "config.yaml"))
     records = [json.loads(line) for line in (run_dir / "profile.jsonl").read_text().splitlines() if line]
     summary = json.loads((run_dir / "summary.json").read_text())
-    steps = int(summary["steps"])
+    steps = int(summary.get("segment_steps", summary["steps"]))  # the steps profile.jsonl measured
     spec = build_spec(cfg, steps, 1.0)
     lengths = response_lengths(records, steps * spec.groups_per_step, spec.group_size)
     samples = steps * spec.groups_per_step * spec.group_size

@@ -8,6 +8,11 @@ the file must state every field the data stream and the ledger depend on
 declares ``resume_safe`` (``resume_changes``); each change is appended to
 ``resume_changes.jsonl``.  The ledger of trained groups (``trained_groups.jsonl``) is
 appended to after every step and cut back to the checkpoint on resume.
+
+The ledger and the prompt cursor count prompts by index, so a resume must read the same
+training data: a new run records each data file's fingerprint (``data_fingerprint.json``:
+sha256, rows, bytes) and a resume refuses a file changed since (``check_data_unchanged``),
+naming what changed, unless ``--allow-data-change`` says the change is meant.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from pathlib import Path
 
 import yaml
 
+from bidirl.algo.data import data_changes, data_fingerprint
 from bidirl.runtime.checkpoints import read_jsonl, rewrite_jsonl
 from bidirl.runtime.config import ConfigError, TrainConfig, resume_safe, resume_safe_names
 
 RESUME_CHANGES = "resume_changes.jsonl"
 LEDGER = "trained_groups.jsonl"
+DATA_FINGERPRINT = "data_fingerprint.json"
 
 
 def flat_fields(d: dict, prefix: str = "") -> dict:
@@ -116,11 +123,50 @@ def remove_unstarted(run_dir: Path) -> None:
     reward, the machine too small) leaves no directory behind, so the same command, once
     fixed, can use it again."""
     try:
-        if {p.name for p in run_dir.iterdir()} <= {"config.yaml"}:
-            (run_dir / "config.yaml").unlink(missing_ok=True)
+        if {p.name for p in run_dir.iterdir()} <= {"config.yaml", DATA_FINGERPRINT}:
+            for name in ("config.yaml", DATA_FINGERPRINT):
+                (run_dir / name).unlink(missing_ok=True)
             run_dir.rmdir()
     except OSError:
         pass
+
+
+def record_data(run_dir: Path, cfg: TrainConfig) -> None:
+    """Write the training data files' fingerprint (none for a built-in task, whose rows follow
+    from ``data.task`` and ``data.seed`` in the config). A file that cannot be read is left to
+    the data loader, whose error names it; the run then stops before it starts."""
+    try:
+        prints = data_fingerprint(cfg.data.files)
+    except OSError:
+        return
+    (run_dir / DATA_FINGERPRINT).write_text(json.dumps(prints, indent=1) + "\n")
+
+
+def check_data_unchanged(run_dir: Path, cfg: TrainConfig, allow_change: bool = False) -> list[str]:
+    """The changes to the training data since the run began (empty: none); refused with a
+    one-line ``ConfigError`` unless ``allow_change``, in which case they are printed, appended
+    to ``resume_changes.jsonl`` and the new fingerprint becomes the run's. A run directory
+    from before fingerprints (no ``data_fingerprint.json``) is not checked."""
+    path = run_dir / DATA_FINGERPRINT
+    if not path.is_file():
+        return []
+    try:
+        now = data_fingerprint(cfg.data.files)
+    except OSError as e:
+        raise ConfigError(f"data.files: cannot read {e.filename}: {e.strerror or e}") from None
+    changes = data_changes(json.loads(path.read_text()), now)
+    if changes and not allow_change:
+        raise ConfigError(f"--resume: the training data changed since this run began ({'; '.join(changes)}); the "
+                          f"ledger counts prompts by index, so the run would no longer know which prompts it "
+                          f"trained on: restore the files, or pass --allow-data-change if the change is meant")
+    if changes:
+        print(f"[bidirl] warning: resuming on changed training data (--allow-data-change): {'; '.join(changes)}",
+              file=sys.stderr)
+        with (run_dir / RESUME_CHANGES).open("a") as f:
+            f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "field": "data.files",
+                                "changes": changes}) + "\n")
+        path.write_text(json.dumps(now, indent=1) + "\n")
+    return changes
 
 
 def truncate_ledger(path: Path, next_step: int) -> None:

@@ -69,13 +69,16 @@ def run_summary(cfg: TrainConfig, ledger_path: Path, rewards_by_step: dict[int, 
     """``RunResult``'s names (what ``bidirl simulate`` writes), plus what training adds.
 
     ``ex`` is the run's ``DeviceExecutor`` (None: nothing ran, a finished run resumed).  A run
-    stopped early is audited over the steps it applied (``upto``)."""
+    stopped early is audited over the steps it applied (``upto``).  ``steps`` counts the run's
+    steps across its resumes, as the audit does; ``segment_steps`` those of this process, over
+    which the throughput and step times are measured."""
     checked = audit(ledger_path, cfg, upto)
     rewards = [rewards_by_step[k] for k in sorted(rewards_by_step)]
     result = run_result(cfg, wall, ex, intervals, checked, tally).to_json() if ex else {
         "steps": cfg.run.steps, "wall_s": 0.0, "throughput_tokens_per_s": 0.0, "borrows": {}}
     return {
-        **result, "wall_s": round(wall, 2),
+        **result, "steps": cfg.run.steps if upto is None else upto, "segment_steps": result["steps"] if ex else 0,
+        "wall_s": round(wall, 2),
         "reward_first": rewards[0] if rewards else None,
         "reward_last": statistics.mean(rewards[-3:]) if rewards else None,
         "reward_first_50": statistics.mean(rewards[:50]) if rewards else None,

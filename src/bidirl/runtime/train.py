@@ -21,7 +21,9 @@ import yaml
 from bidirl.runtime.config import ConfigError, load_config
 from bidirl.runtime.exits import note_run_dir
 from bidirl.runtime.run_dir import (
+    check_data_unchanged,
     check_saved_config,
+    record_data,
     record_resume_changes,
     remove_unstarted,
     resolve_run_dir,
@@ -57,6 +59,7 @@ def main(args, wrap_backend=None) -> int:
         check_saved_config(run_dir / "config.yaml")
         cfg = load_config(str(run_dir / "config.yaml"), overrides)
         changes = resume_changes(saved, cfg)
+        check_data_unchanged(run_dir, cfg, getattr(args, "allow_data_change", False))
         session = TrainSession(cfg, run_dir, resume=True, wrap_backend=wrap_backend, ray_address=args.ray_address)
         session.prepare_resume()  # the checkpoint, checked against run.steps; ledger and metrics cut back
         if changes:  # the run directory's config is the one the run continues with
@@ -66,6 +69,11 @@ def main(args, wrap_backend=None) -> int:
         cfg = load_config(args.config, overrides)
         run_dir = resolve_run_dir(cfg, None, args.run_dir)
         write_config(run_dir, cfg)
+        try:
+            record_data(run_dir, cfg)
+        except BaseException:
+            remove_unstarted(run_dir)
+            raise
         session = TrainSession(cfg, run_dir, resume=False, wrap_backend=wrap_backend, ray_address=args.ray_address)
     note_run_dir(run_dir)  # messages raised deep in the run name it (runtime/exits.py)
     try:
