@@ -7,7 +7,7 @@ subcommand that needs them, so ``bidirl simulate`` starts fast (a test keeps it 
 Expected failures (a bad scenario or config, a missing file) print one line naming the
 field and exit with status 2; a traceback means a bug.  ``bidirl train`` stopped by SIGINT
 or SIGTERM stops at a step boundary with a checkpoint and exits 130 / 143
-(``runtime/session.py``).
+(``runtime/stops.py``; during the start-up, ``runtime/exits.py``).
 """
 
 from __future__ import annotations

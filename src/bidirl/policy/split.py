@@ -43,7 +43,8 @@ from dataclasses import dataclass
 # it; BENCHMARKS.md, issue 11).  At 1 a rank claims its next micro-batch only when its current
 # one returns: one round trip (a few ms) per ~0.1-0.6 s micro-batch buys joiners the tail.
 # The real train driver keeps this many calls and the join rule below plays out the same;
-# ``bench/sim_primary_depth.py`` compares 1 and 2 in the simulator, BENCHMARKS.md on real devices.
+# 1 and 2 compared in the simulator: docs/notes/2026-12-contention-investigations.md; on real
+# devices: BENCHMARKS.md.
 PRIMARY_DEPTH = 1
 
 

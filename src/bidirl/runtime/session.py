@@ -22,23 +22,28 @@ The run's weights: when the run ends (finished or stopped), ``RUN_DIR/model/`` i
 newest checkpoint's model directory (hard links: no second copy); ``bidirl export RUN_DIR
 [--step N] OUT`` copies any complete checkpoint's out.
 
-Which checkpoint: the newest *usable* complete one (``run.keep_checkpoints`` are kept).
-Usable means its ``state.json`` parses and names its own step, its model and trainer files
-are whole (``config.json`` parses, the safetensors header matches the file's size,
-``optimizer.pt`` is a whole zip) and the
-ledger holds every group of every step before it exactly once (a torn last line, what a
-crash mid-write leaves, is dropped).  An unusable one is reported, its ``COMPLETE`` marker
-renamed to ``DAMAGED`` (holding the reason) and the next older one is tried; complete
-checkpoints none of which is usable are a one-line :class:`ResumeError`.
+Which checkpoint (``checkpoints.select_checkpoint``): the newest *usable* complete one
+(``run.keep_checkpoints`` are kept).  Usable means its ``state.json`` parses and names its
+own step, its model and trainer files are whole (``config.json`` parses, the safetensors
+header matches the file's size, ``optimizer.pt`` is a whole zip), every file matches the
+size and sha256 its ``MANIFEST.json`` records, every weight is finite
+(``checkpoint_integrity.py``) and the ledger holds every group of every step before it
+exactly once (a torn last line, what a crash mid-write leaves, is dropped).  An unusable
+one is reported, its ``COMPLETE`` marker replaced by ``DAMAGED`` (holding the reason) and
+the next older one is tried; complete checkpoints none of which is usable are a one-line
+:class:`ResumeError`.
 
-Stopping: SIGINT and SIGTERM (installed after Ray starts, in the driver only; Ray's own
-SIGTERM handler is put back afterwards) ask the run to stop at the next step boundary:
-the step in progress finishes, a checkpoint of that boundary is written, then the
-summary, the trace and the timeline, and ``bidirl train`` exits with status 128 + the
-signal's number (130 for SIGINT, 143 for SIGTERM), the shell's convention for "ended by
-this signal".  A second signal abandons the step in progress (the loop returns within a
-wait of at most 5 s; no new checkpoint, ``--resume`` continues from the last one); a
-third acts as it would have without bidirl (Ray's handler, or ``KeyboardInterrupt``).
+Stopping: SIGINT and SIGTERM once Ray is up (``stops.StopSignals``, in the driver only) ask
+the run to stop at the next step boundary: the step in progress finishes, a checkpoint of
+that boundary is written, then the summary, the trace and the timeline, and ``bidirl train``
+exits with status 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), the shell's
+convention for "ended by this signal".  A second signal abandons the step in progress (the
+loop returns within a wait of at most 5 s; no new checkpoint, ``--resume`` continues from
+the last one); a third meets the driver's start-up handler again (``exits.DriverSignals``):
+the run unwinds at once through the Ray session, which stops Ray and removes its temporary
+files, with one line and the resume command.  A signal before Ray is up (data, model,
+tokenizer, Ray starting) unwinds the same way; one while the workers start stops the run at
+its first boundary, before any step.
 
 A step whose loss or gradient norm is not finite under ``trainer.on_nonfinite=stop``
 (``NonFiniteStepError``, maybe wrapped by Ray) ends the loop with the primary trainer's
@@ -173,7 +178,7 @@ class TrainSession:
                 print("[bidirl] no complete checkpoint yet: starting from step 0", file=sys.stderr)
             stream = PromptStream(cursor, store, tok)
             ray_start.ready()
-            self.stop.install()  # once Ray is up, as before (ray.init on the main thread sets its own handler)
+            self.stop.install()  # the loop's handlers; exits.DriverSignals' before and after
             try:
                 return self._run_cluster(model_dir, ckpt, fit, vs, stream, reward_fn)
             finally:

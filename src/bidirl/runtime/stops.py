@@ -1,9 +1,13 @@
 """Graceful stops: SIGINT / SIGTERM ask the run to stop at the next step boundary.
 
-The first signal lets the step in progress finish (the session checkpoints that boundary,
-then writes the summary, trace and timeline); a second abandons the step in progress; a
-third goes to the handler that was there before (Ray's, or ``KeyboardInterrupt``).  The
-handlers are installed after Ray starts, in the driver only, and put back afterwards.
+The first signal lets the step in progress finish (the step boundary checkpoints it, then
+the session writes the summary, trace and timeline); a second abandons the step in
+progress; a third goes to the handler that was there before: under ``bidirl train``, the
+driver's own (``exits.DriverSignals``), which unwinds the run at once through the Ray
+session (Ray stopped, temporary files removed, one line); elsewhere Python's
+(``KeyboardInterrupt``) or the default.  The handlers are installed after Ray starts (which
+runs ``ray.init`` off the main thread, so Ray sets none of its own), in the driver only, and
+put back afterwards.
 """
 
 from __future__ import annotations
