@@ -1,7 +1,11 @@
-"""End to end: a reward file that returns NaN for some responses cannot poison the model.
+"""End to end: a reward file that misbehaves cannot poison the model nor stall or end the run.
 
-With ``data.on_bad_reward=zero`` the run trains to the end, counts the bad rewards and
-writes a finite checkpoint; with the default it stops with one line naming the row.
+With ``data.on_bad_reward=zero``, a reward that returns NaN for some responses and hangs once
+(abandoned after ``data.reward_timeout_s``) is scored 0 while the run trains to the end,
+counts the bad rewards, shows the slow call on the progress line and writes a finite
+checkpoint; with the default it stops with one line naming the row; a reward bad for every
+response stops the run after its first step with one line and exit status 2, instead of
+training on zeros and exiting 0. (One run each: a Ray + vLLM start-up is most of a test.)
 """
 
 from __future__ import annotations
@@ -17,26 +21,40 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 # Every 5th call returns NaN; the first call (the check before any worker starts) is fine.
 REWARD = '''
+import os
+import time
+
 _calls = [0]
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     _calls[0] += 1
+    if _calls[0] == 3 and os.environ.get("HANG_ONCE"):
+        time.sleep(600)  # far past data.reward_timeout_s
     if _calls[0] % 5 == 0:
         return float("nan")
     return float(solution_str.strip() == str(ground_truth).strip())
+'''
+
+ALWAYS_RAISES = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    raise KeyError("answer")
 '''
 
 ARGS = [*SMALL, "run.steps=3", "scheduler.policy=async", "cluster.prewarm=false", "run.plot=false",
         "run.tensorboard=false"]
 
 
-def test_nan_rewards_scored_zero_keep_the_model_finite(tmp_path, real_runtime_available):
+def test_nan_and_hung_rewards_scored_zero_keep_the_model_finite(tmp_path, real_runtime_available, monkeypatch):
     reward = tmp_path / "nan_reward.py"
     reward.write_text(REWARD)
     run = tmp_path / "run"
-    out = run_cli("train", "--run-dir", str(run), *ARGS, f"data.reward_fn={reward}", "data.on_bad_reward=zero")
+    monkeypatch.setenv("HANG_ONCE", "1")
+    out = run_cli("train", "--run-dir", str(run), *ARGS, f"data.reward_fn={reward}", "data.on_bad_reward=zero",
+                  "data.reward_timeout_s=2")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "nan_reward.py:compute_score did not return within 2 s (data.reward_timeout_s=2" in out.stderr
+    assert "slow rewards 1" in out.stdout + out.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["audit_ok"] and summary["audit"]["groups_trained"] == 3 * 4
     steps = [m for m in read_metrics(run) if "reward/mean" in m]
@@ -64,3 +82,16 @@ def test_nan_reward_by_default_is_a_one_line_error(tmp_path, real_runtime_availa
                  "data.on_bad_reward=zero"):
         assert part in errors[0], (part, errors[0])
     assert not (run / "checkpoints").exists() or not list((run / "checkpoints").glob("step_*/COMPLETE"))
+
+
+def test_every_reward_bad_under_zero_is_an_error_not_a_run_on_zeros(tmp_path, real_runtime_available):
+    reward = tmp_path / "raises.py"
+    reward.write_text(ALWAYS_RAISES)
+    out = run_cli("train", "--run-dir", str(tmp_path / "run"), *ARGS, f"data.reward_fn={reward}",
+                  "data.on_bad_reward=zero")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("bidirl train: error:")]
+    assert len(errors) == 1, out.stderr[-3000:]
+    assert "every reward of the first training step was bad" in errors[0]
+    assert "raises.py:compute_score raised KeyError: 'answer'" in errors[0]
