@@ -26,11 +26,11 @@ import errno
 import shutil
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from bidirl.runtime.checkpoint_integrity import DiskFullError
 from bidirl.runtime.checkpoints import complete_checkpoints
+from bidirl.runtime.stops import SignalHandlers
 
 _RUN: dict[str, Path | None] = {"dir": None}  # this driver's run directory, once train.main knows it
 
@@ -80,7 +80,7 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
-class DriverSignals:
+class DriverSignals(SignalHandlers):
     """SIGINT / SIGTERM handlers for the driver outside the training loop.
 
     The first signal raises :class:`Interrupted` in the main thread; later ones only say
@@ -88,11 +88,9 @@ class DriverSignals:
     Outside the main thread (where Python allows no handler) nothing is installed.
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
     def __init__(self) -> None:
+        super().__init__()
         self.received: int | None = None
-        self._previous: dict[int, object] = {}
 
     def handle(self, signum: int, frame=None) -> None:
         if self.received is None:
@@ -100,18 +98,6 @@ class DriverSignals:
             raise Interrupted(signum)
         print(f"\n[bidirl] {signal.Signals(signum).name}: already stopping (Ray is shutting down)",
               file=sys.stderr, flush=True)
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for s in self.SIGNALS:
-            self._previous[s] = signal.getsignal(s)
-            signal.signal(s, self.handle)
-
-    def restore(self) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-        self._previous.clear()
 
 
 def interrupted_line(e: Interrupted) -> str:

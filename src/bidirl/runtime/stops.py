@@ -19,21 +19,44 @@ import threading
 from bidirl.engines.trainer_config import NonFiniteStepError
 
 
-class StopSignals:
-    """SIGINT / SIGTERM while the loop runs: stop at the next step boundary; again: now.
-
-    The handler only records the signal (and prints one line): the loop checks
-    ``requested`` at each step boundary and ``abandon`` after each wait.  ``installed()``
-    sets the handlers for its block and puts the previous ones back after it; outside the
-    main thread (where Python allows no handler) it does nothing.
-    """
+class SignalHandlers:
+    """SIGINT / SIGTERM handled by ``handle`` between ``install`` and ``restore``, the previous
+    handlers put back after; outside the main thread (where Python allows no handler) nothing
+    is installed. The loop's ``StopSignals`` and the driver's ``exits.DriverSignals`` share it."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
+        self._previous: dict[int, object] = {}
+
+    def handle(self, signum: int, frame=None) -> None:
+        raise NotImplementedError
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s in self.SIGNALS:
+            self._previous[s] = signal.getsignal(s)
+            signal.signal(s, self.handle)
+
+    def restore(self) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+
+class StopSignals(SignalHandlers):
+    """SIGINT / SIGTERM while the loop runs: stop at the next step boundary; again: now.
+
+    The handler only records the signal (and prints one line): the loop checks
+    ``requested`` at each step boundary and ``abandon`` after each wait; the second signal
+    puts the previous handlers back, so a third ends bidirl at once.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
         self.signum: int | None = None
         self.count = 0
-        self._previous: dict[int, object] = {}
 
     @property
     def requested(self) -> bool:
@@ -63,18 +86,6 @@ class StopSignals:
             print(f"\n[bidirl] {name} again: abandoning the step in progress (no new checkpoint); "
                   "a third signal ends bidirl at once", file=sys.stderr, flush=True)
             self.restore()
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for s in self.SIGNALS:
-            self._previous[s] = signal.getsignal(s)
-            signal.signal(s, self.handle)
-
-    def restore(self) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-        self._previous.clear()
 
 
 def nonfinite_step_error(e: BaseException):
