@@ -265,7 +265,11 @@ def sigterm_line_and_nothing_left(d: Path, stderr: str) -> str | None:
 def next_command_cleans_up(d: Path, stderr: str) -> str | None:
     """After SIGKILL of the driver: the next ``bidirl`` command (any: ``simulate --steps 1``)
     removes the run's directory and stops its Ray processes."""
+    directory = json.loads(log(d, "ray_dir").read_text())["dir"]
+    stayed = directory is not None and os.path.exists(directory)  # else another bidirl on this machine came first
     out = _bidirl("simulate", "--steps", "1", cwd=d, timeout=300)
     if out.returncode != 0:
         return f"the next command ended with exit {out.returncode}: {out.stderr.strip()[-300:]}"
+    if stayed and directory not in out.stderr:
+        return f"the next command did not say it cleaned up {directory}"
     return nothing_left(d, stderr)
