@@ -5,17 +5,22 @@ with a timeout in a directory of its own, then classified:
 
 ``clean``      expected an error; got exit status 2, a one-line message as stderr's last
                line that names what it should (``names``), and no ``Traceback`` anywhere.
-``correct``    expected success; got exit status 0 and the expected effect (``check``).
+``correct``    expected success (or a documented end: exit 143 after SIGTERM, a killed
+               driver's leftovers removed by the next command); got the exit status expected
+               (``status``, 0 unless said) and the expected effect (``check``).
 ``vague``      a clean exit 2 whose message does not name the field (``names``).
 ``traceback``  a ``Traceback`` in stdout or stderr.
 ``hang``       still running at the timeout (killed with its process group).
-``wrong``      anything else: exit 0/1 where an error was expected, another status, or
-               success without the expected effect.
+``wrong``      anything else: exit 0/1 where an error was expected, another status, success
+               without the expected effect, an error with an effect it must not have (a
+               ``check`` of an error case: e.g. Ray imported), or a set-up that failed.
 
 ``python -m bench.bad_inputs`` runs every case and prints the table (BENCHMARKS.md, "Bad
 inputs"); ``tests/test_bad_inputs.py`` runs a fast subset (``FAST``).  A new case is one more
 ``Case`` in ``CASES``.  Cases with ``run=True`` start workers and train (minutes each on two
-cores); every other case fails before any worker starts.
+cores); every other case fails before any worker starts.  Issue 43's faults (a damaged
+checkpoint, unusable model directories, signals, a killed driver) use the set-ups, in-run
+actions and checks of ``bench/bad_input_hooks.py``.
 """
 
 from __future__ import annotations
@@ -30,12 +35,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench import bad_input_hooks as hooks
+from bench.measure import ROOT
+
 OK_CLASSES = ("clean", "correct")
 # A small run that reaches the rollout and the trainer quickly (the e2e tests' settings).
 SMALL = ("rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
          "trainer.micro_batch_size=8", "run.tensorboard=false", "run.plot=false", "cluster.prewarm=false",
          "scheduler.policy=async")
+RL_RUN = ("run.steps=2", "model.warm_start_steps=0")
+"""Two RL steps at once (no supervised warm start): enough to reach the reward calls of a run."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +59,16 @@ class Case:
     setup: Callable[[Path], None] | None = None
     """Writes what the case needs into its directory before the command runs."""
     check: Callable[[Path, str], str | None] | None = None
-    """For ``ok``: (case directory, stderr) -> what is missing, or None."""
+    """(case directory, stderr) -> what is missing (for ``ok``) or wrong (for ``error``), or None."""
     run: bool = False
     """Starts workers (only with ``python -m bench.bad_inputs --with-runs``)."""
     area: str = ""
+    status: int = 0
+    """For ``ok``: the exit status expected (143 after a SIGTERM, -9 for a driver killed so)."""
+    during: Callable[[subprocess.Popen, Path], object] | None = None
+    """Called once the command has started (a signal, a kill); its stderr is ``hooks.log(d, "stderr")``."""
+    probe: bool = False
+    """Run through ``hooks.PROBE``; wrong if Ray, vLLM or torch was imported (before any worker)."""
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -71,6 +86,19 @@ REWARDS = {
                       "    return float('nan')\n",
     "raises_when_called.py": "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                              "    raise KeyError(ground_truth)\n",
+    "sleeps_30s.py": "import time\n\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                     "    time.sleep(30)\n    return 1.0\n",
+    "exits_3.py": "import sys\n\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    sys.exit(3)\n",
+    # The 3rd call (the first is tried on one row before any worker starts) hangs far past any limit.
+    "hangs_once.py": "import time\n\n_calls = [0]\n\n\ndef compute_score(data_source, solution_str, ground_truth, "
+                     "extra_info=None):\n    _calls[0] += 1\n    if _calls[0] == 3:\n        time.sleep(600)\n"
+                     "    return float(solution_str.strip() == str(ground_truth).strip())\n",
+    # The first call (tried on one row before any worker starts) is fine, every 5th after exits.
+    "exits_sometimes.py": "import sys\n\n_calls = [0]\n\n\ndef compute_score(data_source, solution_str, "
+                          "ground_truth, extra_info=None):\n    _calls[0] += 1\n    if _calls[0] % 5 == 0:\n"
+                          "        sys.exit(3)\n"
+                          "    return float(solution_str.strip() == str(ground_truth).strip())\n",
     # The first call (tried on one row before any worker starts) is fine, every 5th after is NaN.
     "nan_sometimes.py": "_calls = [0]\n\n\ndef compute_score(data_source, solution_str, ground_truth, "
                         "extra_info=None):\n    _calls[0] += 1\n    if _calls[0] % 5 == 0:\n"
@@ -147,6 +175,11 @@ def make_fixtures(f: Path) -> None:
     _jsonl(f / "some_long.jsonl", [_ROW] * 6 + [{**_ROW, "prompt": "copy " + "7" * 300}] * 2)
     (f / "empty.jsonl").write_text("")
     (f / "not_json.jsonl").write_text(json.dumps(_ROW) + "\n{not json\n")
+    (f / "not_json_line_31.jsonl").write_text("".join(json.dumps(_ROW) + "\n" for _ in range(30)) + "{not json\n")
+    good = json.dumps(_ROW).encode()
+    (f / "not_utf8.jsonl").write_bytes(good + b"\n" + good.replace(b"copy 12", b"copy \xff12") + b"\n")
+    hooks.write_bert_model(f / "models" / "bert")
+    hooks.write_vision_language_model(f / "models" / "vision_language")
     (f / "blank_line.jsonl").write_text(json.dumps(_ROW) + "\n\n" + json.dumps(_ROW) + "\n")
     (f / "rows.txt").write_text("copy 12\n")
     (f / "garbage.parquet").write_bytes(b"PAR1 this is not parquet at all")
@@ -226,6 +259,19 @@ def _file_at(name: str) -> Callable[[Path], None]:
     return lambda d: (d / name).write_text("not a directory\n")
 
 
+def _data_reordered(d: Path) -> None:
+    """A finished run on ``d/data.jsonl`` (its fingerprint recorded as a run records it), then
+    the file's rows reversed in place: the same rows, the same count, another order."""
+    from bidirl.runtime.config import load_config
+    from bidirl.runtime.run_dir import record_data
+
+    rows = [{**_ROW, "prompt": f"copy {i}", "reward_model": {"ground_truth": str(i)}} for i in range(8)]
+    _jsonl(d / "data.jsonl", rows)
+    _run_dir(d, f"data.files={d / 'data.jsonl'}", "run.steps=3", checkpoint="finished")
+    record_data(d / "run", load_config(str(d / "run" / "config.yaml"), []))
+    _jsonl(d / "data.jsonl", rows[::-1])
+
+
 # -- checks of the cases that should succeed ---------------------------------------------------
 def _summary(d: Path) -> dict:
     return json.loads((d / "run" / "summary.json").read_text())
@@ -265,6 +311,34 @@ def _lr_recorded(d: Path, stderr: str) -> str | None:
         return "resume_changes.jsonl not written"
     rec = [json.loads(ln) for ln in path.read_text().splitlines()]
     return None if [(r["field"], r["new"]) for r in rec] == [("trainer.lr", 1e-4)] else f"recorded {rec}"
+
+
+def _data_change_recorded(d: Path, stderr: str) -> str | None:
+    problem = _finished(d, stderr)
+    if problem:
+        return problem
+    if "resuming on changed training data (--allow-data-change)" not in stderr:
+        return "did not say it resumes on changed data"
+    path = d / "run" / "resume_changes.jsonl"
+    rec = [json.loads(ln) for ln in path.read_text().splitlines()] if path.is_file() else []
+    return None if [r["field"] for r in rec] == ["data.files"] else f"resume_changes.jsonl holds {rec}"
+
+
+def _timed_out_and_went_on(d: Path, stderr: str) -> str | None:
+    if "hangs_once.py:compute_score did not return within 2 s (data.reward_timeout_s=2" not in stderr:
+        return "no timeout message naming the call and data.reward_timeout_s"
+    stdout = hooks.log(d, "stdout").read_text()
+    if "slow rewards 1" not in stdout + stderr:
+        return "the progress line does not count the slow reward"
+    return _bad_counted(d, stderr)
+
+
+def _config_unchanged(d: Path, stderr: str) -> str | None:
+    """``train --print-config`` printed the default config: the override was taken and changed nothing."""
+    default = subprocess.run([sys.executable, "-m", "bidirl.cli", "train", "--print-config"], cwd=d,
+                             env=hooks.cli_env(), capture_output=True, text=True, timeout=120)
+    same = hooks.log(d, "stdout").read_text() == default.stdout
+    return None if same else "the printed config differs from the default"
 
 
 def _plan_ok(d: Path, stderr: str) -> str | None:
@@ -538,6 +612,31 @@ CASES: list[Case] = [
          area="resume"),
     Case("--run-dir is a file", ("train", "--run-dir", "{d}/file"), names="file", setup=_file_at("file"),
          area="resume"),
+    # --- issue 43: models checked before any worker starts (probe: no Ray, vLLM or torch imported)
+    _train("model.path a small-vocab model", "model.path={d}/small_vocab", names="vocab_size 200",
+           setup=hooks.small_vocab_model, probe=True, area="model"),
+    _train("model.path a BERT model", "model.path={f}/models/bert", names="architecture BertForMaskedLM",
+           probe=True, area="model"),
+    _train("model.path a vision-language model", "model.path={f}/models/vision_language",
+           names="vision-language", probe=True, area="model"),
+    # --- issue 43: the guarded reward call, data, veRL's adv_estimator, data identity on resume
+    _train("reward sleeps 30 s, data.reward_timeout_s=1", "data.reward_fn={f}/sleeps_30s.py",
+           "data.reward_timeout_s=1", names="sleeps_30s.py:compute_score did not return within 1 s "
+           "(data.reward_timeout_s=1", area="reward"),
+    _train("reward calls sys.exit(3)", "data.reward_fn={f}/exits_3.py",
+           names="exits_3.py:compute_score raised SystemExit: 3", area="reward"),
+    _train("jsonl not UTF-8", "data.files={f}/not_utf8.jsonl", names="not_utf8.jsonl: line 2: byte 0xff at byte "
+           "offset", area="data"),
+    _train("jsonl invalid JSON at line 31", "data.files={f}/not_json_line_31.jsonl",
+           names="not_json_line_31.jsonl: line 31", area="data"),
+    Case("algorithm.adv_estimator=grpo (veRL's default)", ("train", "--print-config", "algorithm.adv_estimator=grpo"),
+         expect="ok", check=_config_unchanged, area="config"),
+    _train("algorithm.adv_estimator another value", "algorithm.adv_estimator=gae", names="algorithm.adv_estimator"),
+    Case("--resume, data file reordered in place", ("train", "--resume", "{d}/run"), names="data.jsonl",
+         setup=_data_reordered, area="resume"),
+    Case("--resume, data file reordered, --allow-data-change", ("train", "--resume", "{d}/run",
+                                                                 "--allow-data-change"),
+         expect="ok", check=_data_change_recorded, setup=_data_reordered, area="resume"),
     # --- need a real run (--with-runs): workers start
     _train("NaN reward, on_bad_reward=error", *SMALL, "run.steps=2", "data.reward_fn={f}/nan_sometimes.py",
            names="data.on_bad_reward=zero", area="reward", run=True),
@@ -549,6 +648,24 @@ CASES: list[Case] = [
     Case("--resume a run without a checkpoint", ("train", "--resume", "{d}/run"), expect="ok",
          check=_trained_from_0, setup=_resume_dir(*SMALL, "run.steps=2", "model.warm_start_steps=0"),
          area="resume", run=True),
+    # --- issue 43, with workers: rewards that hang or exit, a damaged checkpoint, signals, a killed driver
+    _train("reward hangs once, data.reward_timeout_s=2, on_bad_reward=zero", *SMALL, *RL_RUN,
+           "data.reward_fn={f}/hangs_once.py", "data.reward_timeout_s=2", "data.on_bad_reward=zero", names="",
+           expect="ok", check=_timed_out_and_went_on, area="reward", run=True),
+    _train("reward sometimes calls sys.exit(3), on_bad_reward=zero", *SMALL, *RL_RUN,
+           "data.reward_fn={f}/exits_sometimes.py", "data.on_bad_reward=zero", names="", expect="ok",
+           check=_bad_counted, area="reward", run=True),
+    _train("every reward bad (sys.exit(3)), on_bad_reward=zero", *SMALL, *RL_RUN, "data.reward_fn={f}/exits_3.py",
+           "data.on_bad_reward=zero", names="every reward of the first training step was bad", area="reward",
+           run=True),
+    Case("--resume, newest checkpoint bit-flipped", ("train", "--resume", "{d}/run"), expect="ok",
+         setup=hooks.trained_then_damaged(*SMALL, "run.steps=4", "run.checkpoint_every=2", "model.warm_start_steps=0"),
+         during=hooks.note_private_dir, check=hooks.fell_back_and_finished(4), area="checkpoint", run=True),
+    _train("SIGTERM 4 s after the start", *SMALL, "run.steps=3", names="", expect="ok", status=143,
+           during=hooks.sigterm_at(4.0), check=hooks.sigterm_line_and_nothing_left, area="exit", run=True),
+    _train("driver killed (kill -9) once workers are up, then another bidirl", *SMALL, "run.steps=50", names="",
+           expect="ok", status=-9, during=hooks.kill_when_workers_up, check=hooks.next_command_cleans_up,
+           area="exit", run=True),
 ]
 
 FAST = [
@@ -559,8 +676,10 @@ FAST = [
     "--config a directory", "data file missing", "jsonl prompt an int", "reward file missing",
     "scenario top level a list", "scenario negative devices", "scenario field typo",
     "scenario lengths file missing", "plan --top 0", "simulate --steps 0", "simulate --json into a directory",
-    "--resume missing directory", "--resume with --config", "--resume changes prompts_per_step",
-    "--run-dir is a file",
+    "parquet not parquet", "--resume missing directory", "--resume with --config", "--resume changes prompts_per_step",
+    "--run-dir is a file", "model.path a BERT model", "model.path a vision-language model",
+    "reward sleeps 30 s, data.reward_timeout_s=1", "reward calls sys.exit(3)", "jsonl not UTF-8",
+    "jsonl invalid JSON at line 31", "algorithm.adv_estimator another value", "--resume, data file reordered in place",
 ]
 """The subset ``tests/test_bad_inputs.py`` runs: each fails before anything heavy is imported."""
 
@@ -584,7 +703,7 @@ class Outcome:
 
     @property
     def expected(self) -> str:
-        return "error (exit 2)" if self.case.expect == "error" else "ok (exit 0)"
+        return "error (exit 2)" if self.case.expect == "error" else f"ok (exit {self.case.status})"
 
     @property
     def got(self) -> str:
@@ -594,12 +713,6 @@ class Outcome:
         return {"case": self.case.name, "area": self.case.area, "args": list(self.case.args),
                 "expected": self.expected, "got": self.got, "class": self.cls, "message": self.message,
                 "seconds": round(self.seconds, 2), "needs_run": self.case.run}
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
-    return env
 
 
 def classify(case: Case, rc: int | None, stdout: str, stderr: str, check_problem: str | None) -> tuple[str, str]:
@@ -614,37 +727,68 @@ def classify(case: Case, rc: int | None, stdout: str, stderr: str, check_problem
     if case.expect == "error":
         if rc != 2:
             return "wrong", f"exit {rc}: {last}"
-        return ("clean", last) if case.names in last else ("vague", last)
-    if rc != 0:
+        if case.names not in last:
+            return "vague", last
+        return ("clean", last) if check_problem is None else ("wrong", check_problem)
+    if rc != case.status:
         return "wrong", f"exit {rc}: {last}"
     return ("correct", last) if check_problem is None else ("wrong", check_problem)
+
+
+def _checked(case: Case, d: Path, rc: int | None, stderr: str) -> str | None:
+    """What the case's checks (and its probe's) find wrong, once it ended as expected."""
+    if rc != (2 if case.expect == "error" else case.status):
+        return None
+    checks = ([hooks.heavy_imports] if case.probe else []) + ([case.check] if case.check else [])
+    for check in checks:
+        try:
+            problem = check(d, stderr)
+        except (OSError, ValueError, KeyError) as e:
+            problem = f"check failed: {type(e).__name__}: {e}"
+        if problem:
+            return problem
+    return None
 
 
 def run_case(case: Case, work: Path, fixtures: Path, timeout: float | None = None) -> Outcome:
     d = work / "".join(ch if ch.isalnum() else "_" for ch in case.name)
     d.mkdir(parents=True, exist_ok=True)
     if case.setup:
-        case.setup(d)
+        try:
+            case.setup(d)
+        except Exception as e:  # noqa: BLE001 - a broken set-up is the case's outcome, not the table's end
+            return Outcome(case, "wrong", None, f"set-up failed: {type(e).__name__}: {e}", 0.0)
     args = [a.format(d=d, f=fixtures) for a in case.args]
     timeout = timeout or (900 if case.run else 120)
+    env = hooks.cli_env()
+    if case.probe:
+        cmd = [sys.executable, "-c", hooks.PROBE, *args]
+        env["BIDIRL_BENCH_PROBE"] = str(hooks.log(d, "imported"))
+    else:
+        cmd = [sys.executable, "-m", "bidirl.cli", *args]
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "bidirl.cli", *args], cwd=d, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        rc = None
-    seconds = time.perf_counter() - t0
-    problem = None
-    if case.expect == "ok" and rc == 0 and case.check is not None:
+    failed = None
+    # Into files, not pipes: a ``during`` hook reads stderr while the command runs.
+    with hooks.log(d, "stdout").open("w") as out, hooks.log(d, "stderr").open("w") as err:
+        proc = subprocess.Popen(cmd, cwd=d, env=env, text=True, stdout=out, stderr=err, start_new_session=True)
         try:
-            problem = case.check(d, stderr)
-        except (OSError, ValueError, KeyError) as e:
-            problem = f"check failed: {type(e).__name__}: {e}"
-    cls, message = classify(case, rc, stdout, stderr, problem)
+            if case.during:
+                case.during(proc, d)
+            rc = proc.wait(timeout=max(1.0, t0 + timeout - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            rc = None
+        except Exception as e:  # noqa: BLE001 - a broken ``during`` hook: this case is wrong, the table goes on
+            failed, rc = f"in-run action failed: {type(e).__name__}: {e}", None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    seconds = time.perf_counter() - t0
+    if failed:
+        return Outcome(case, "wrong", rc, failed, seconds)
+    stdout = hooks.log(d, "stdout").read_text(errors="replace")
+    stderr = hooks.log(d, "stderr").read_text(errors="replace")
+    cls, message = classify(case, rc, stdout, stderr, _checked(case, d, rc, stderr))
     return Outcome(case, cls, rc, message, seconds)
 
 
@@ -667,10 +811,10 @@ def run_cases(selected: list[Case], work: Path, progress: Callable[[Outcome], No
 
 
 def format_table(outcomes: list[Outcome], width: int = 70) -> str:
-    rows = [("case", "expected", "got", "class", "message")]
-    rows += [(o.case.name, o.expected, o.got, o.cls, o.message[:width]) for o in outcomes]
-    w = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = [" | ".join(r[i].ljust(w[i]) for i in range(4)) + " | " + r[4] for r in rows]
+    rows = [("case", "expected", "got", "class", "s", "message")]
+    rows += [(o.case.name, o.expected, o.got, o.cls, f"{o.seconds:.1f}", o.message[:width]) for o in outcomes]
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [" | ".join(r[i].ljust(w[i]) for i in range(5)) + " | " + r[5] for r in rows]
     lines.insert(1, "-+-".join("-" * n for n in w) + "-+-" + "-" * 20)
     return "\n".join(lines)
 

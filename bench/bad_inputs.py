@@ -7,10 +7,12 @@ BENCHMARKS.md, "Bad inputs":
     .venv/bin/python -m bench.bad_inputs -k reward     # only cases whose name contains "reward"
 
 Every case (``bench/bad_input_cases.py``; add one there) is one ``python -m bidirl.cli ...``
-subprocess with a timeout, classified as a clean error (exit 2, a one-line message naming the
-field, no traceback), correct behaviour (exit 0 with the expected effect), vague (exit 2
-without naming the field), traceback, hang or wrong. Prints the table, writes
-bench/results/bad_inputs.json and exits 1 if any case is not clean or correct.
+subprocess with a timeout (some with a set-up, an action while it runs such as a signal, and a
+check after: ``bench/bad_input_hooks.py``), classified as a clean error (exit 2, a one-line
+message naming the field, no traceback), correct behaviour (the exit status expected, 0 unless
+the case sends a signal, with the expected effect), vague (exit 2 without naming the field),
+traceback, hang or wrong. Prints the table, writes bench/results/bad_inputs.json (with the
+commit measured) and exits 1 if any case is not clean or correct.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench import bad_input_cases as bic
-from bench.measure import RESULTS, write_json
+from bench.measure import RESULTS, code_version, write_json
 
 
 def main() -> int:
@@ -51,7 +53,8 @@ def main() -> int:
     bad = [o for o in outcomes if o.cls not in bic.OK_CLASSES]
     print(f"\n{len(outcomes)} cases in {wall:.0f} s: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     write_json(args.json, {
-        "date": time.strftime("%Y-%m-%d %H:%M"), "with_runs": args.with_runs, "filter": args.k,
+        "date": time.strftime("%Y-%m-%d %H:%M"), "commit": code_version(), "with_runs": args.with_runs,
+        "filter": args.k,
         "cases": len(outcomes), "counts": counts, "wall_s": round(wall, 1),
         "outcomes": [o.to_json() for o in outcomes]})
     for o in bad:

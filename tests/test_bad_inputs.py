@@ -47,3 +47,10 @@ def test_classification():
     assert classify(ok, 0, "", "", None)[0] == "correct"
     assert classify(ok, 0, "", "", "plan.json not written") == ("wrong", "plan.json not written")
     assert set(OK_CLASSES) == {"clean", "correct"}
+    model = cases(["model.path a BERT model"])[0]
+    line = "bidirl train: error: model.path: architecture BertForMaskedLM in m/config.json cannot generate\n"
+    assert classify(model, 2, "", line, None)[0] == "clean"
+    assert classify(model, 2, "", line, "imported ray") == ("wrong", "imported ray"), "a check of an error case"
+    term = cases(["SIGTERM 4 s after the start"])[0]
+    assert classify(term, 143, "", "[bidirl] SIGTERM: stopped\n", None)[0] == "correct", "the exit status expected"
+    assert classify(term, 0, "", "", None)[0] == "wrong"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from bidirl.algo.data import DataError, data_fingerprint
 from bidirl.runtime.config import ConfigError, load_config
 from bidirl.runtime.run_dir import (
     DATA_FINGERPRINT,
@@ -90,3 +91,16 @@ def test_a_built_in_task_has_nothing_to_fingerprint_and_an_unstarted_run_leaves_
     assert json.loads((run_dir / DATA_FINGERPRINT).read_text()) == {}
     remove_unstarted(run_dir)
     assert not run_dir.exists()
+
+
+def test_a_parquet_file_that_is_not_parquet_is_left_to_the_loader(tmp_path):
+    """Its footer unreadable: a one-line DataError naming it, never pyarrow's traceback (the
+    run writes no fingerprint and the data loader's error ends it)."""
+    bad = tmp_path / "garbage.parquet"
+    bad.write_bytes(b"PAR1 this is not parquet at all")
+    with pytest.raises(DataError, match=f"{bad}: cannot read parquet: "):
+        data_fingerprint([bad])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    record_data(run_dir, load_config(None, [f"data.files=[{bad}]"]))
+    assert not (run_dir / DATA_FINGERPRINT).exists()

@@ -209,7 +209,8 @@ def data_fingerprint(paths: Sequence[str | Path]) -> dict[str, dict[str, int | s
     Why a content hash and not only the row count: a run's ledger and cursor count prompts by
     index, so a file reordered or edited in place between a run and its resume keeps its row
     count while the indices now stand for other prompts.  Reads each file once (no parsing:
-    JSONL rows are its lines, parquet's come from its footer).
+    JSONL rows are its lines, parquet's come from its footer).  A parquet file whose footer
+    cannot be read is a :class:`DataError` naming it.
     """
     out = {}
     for p in paths:
@@ -224,7 +225,10 @@ def data_fingerprint(paths: Sequence[str | Path]) -> dict[str, dict[str, int | s
         if path.suffix.lower() == ".parquet":
             import pyarrow.parquet as pq  # lazy: pyarrow only for parquet files
 
-            rows = pq.ParquetFile(path).metadata.num_rows
+            try:
+                rows = pq.ParquetFile(path).metadata.num_rows
+            except Exception as e:  # pyarrow raises several types for corrupt files (as _read_parquet)
+                raise DataError(f"{path}: cannot read parquet: {e}") from None
         else:
             rows = lines + (last != b"\n")  # a last line without its newline is a row too
         out[str(p)] = {"sha256": digest.hexdigest(), "rows": int(rows), "bytes": size}

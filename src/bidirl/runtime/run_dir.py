@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from bidirl.algo.data import data_changes, data_fingerprint
+from bidirl.algo.data import DataError, data_changes, data_fingerprint
 from bidirl.runtime.checkpoints import read_jsonl, rewrite_jsonl
 from bidirl.runtime.config import ConfigError, TrainConfig, resume_safe, resume_safe_names
 
@@ -137,7 +137,7 @@ def record_data(run_dir: Path, cfg: TrainConfig) -> None:
     the data loader, whose error names it; the run then stops before it starts."""
     try:
         prints = data_fingerprint(cfg.data.files)
-    except OSError:
+    except (OSError, DataError):
         return
     (run_dir / DATA_FINGERPRINT).write_text(json.dumps(prints, indent=1) + "\n")
 
