@@ -314,7 +314,8 @@ class FakeBackend:
         if isinstance(obj, list):
             return [self._resolve(x, ready) for x in obj]
         if isinstance(obj, tuple):
-            return tuple(self._resolve(x, ready) for x in obj)
+            items = [self._resolve(x, ready) for x in obj]
+            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)  # a NamedTuple stays one
         if isinstance(obj, dict):
             return {k: self._resolve(v, ready) for k, v in obj.items()}
         return obj
