@@ -40,7 +40,7 @@ def _samples(n_mb: int, per_mb: int, resp: int):
             for _ in range(n_mb)]
 
 
-def aux_round(ray, trainer, worker, model: str, wire, mbs: list, total: int):
+def aux_round(ray, trainer, worker, model: str, wire, mbs: list, total):
     """One Trainer-on-RollPool switch on ``worker``: bring up an auxiliary trainer with the
     primary's weights, compute a chunk beside the primary's, let the primary fetch and apply
     it, release (parked). Returns (C_in, [C_grad], C_out, the chunk's ref)."""
@@ -63,6 +63,7 @@ def tiny_model() -> str:
 
 def one_node(model: str, device: str, rounds: int) -> dict:
     """Both directions on this machine's two devices: cold, then ``rounds`` hot switches each."""
+    from bidirl.algo.aggregation import StepTotals
     from bidirl.engines.trainer_config import TrainerConfig, trainer_wire
     from bidirl.runtime.cluster import ray_session
     from bidirl.runtime.messages import ResponseRequest
@@ -94,7 +95,7 @@ def one_node(model: str, device: str, rounds: int) -> dict:
         print("[bench] measuring Trainer-on-RollPool", file=sys.stderr)
         tor = {"c_in_cold_s": None, "c_in_s": [], "c_out_s": [], "c_grad_s": [], "grad_mb": None}
         mbs = _samples(2, 8, 32)
-        total = sum(len(s["response_ids"]) for mb in mbs for s in mb)
+        total = StepTotals.of(len(s["response_ids"]) for mb in mbs for s in mb)
         for r in range(rounds + 1):
             c_in, c_grad, c_out, aux = aux_round(ray, trainer_dev, rollout_dev, model, wire, mbs, total)
             if r == 0:
@@ -118,6 +119,7 @@ def across_nodes(address: str, model: str, rounds: int) -> dict:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from bidirl.algo.aggregation import StepTotals
     from bidirl.engines.trainer_config import TrainerConfig, trainer_wire
     from bidirl.runtime.cluster import ray_session
     from bidirl.runtime.placement import DEVICE_RESOURCE
@@ -138,7 +140,7 @@ def across_nodes(address: str, model: str, rounds: int) -> dict:
         trainer, near, far = on(0, 0, "train"), on(0, 1, "train"), on(1, 2, "train")
         ray.get(trainer.host.remote("train", model_dir=model, config=wire))
         mbs = _samples(2, 8, 32)
-        total = sum(len(s["response_ids"]) for mb in mbs for s in mb)
+        total = StepTotals.of(len(s["response_ids"]) for mb in mbs for s in mb)
         for name, w in (("same_node", near), ("cross_node", far)):
             print(f"[bench] {name}: node {nodes[0 if w is near else 1]['NodeManagerAddress']}", file=sys.stderr)
             d = {"roll_on_train_c_in_s": [], "weight_sync_s": [], "train_on_roll_c_in_s": [], "c_grad_s": []}

@@ -1,4 +1,4 @@
-"""GRPO advantages and loss against hand-computed values, and the token-level normalisation."""
+"""GRPO advantages and the default loss against hand-computed values, and the token-level normalisation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bidirl.algo.grpo import group_advantages, group_advantages_lists, grpo_loss, token_logprobs
+from bidirl.algo.aggregation import StepTotals
+from bidirl.algo.grpo import group_advantages, group_advantages_lists, token_logprobs
+from bidirl.algo.objective import LossSettings, policy_objective
+
+
+def grpo_loss(logp, old, adv, mask, total_tokens, clip_eps_low=0.2, clip_eps_high=0.2, ref_logp_B_T=None,
+              kl_coef=0.0):
+    """The default objective (vanilla, token-mean) in the old ``grpo_loss``'s terms."""
+    settings = LossSettings(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, kl_coef=kl_coef)
+    return policy_objective(logp, old, adv, mask, StepTotals(total_tokens, logp.shape[0]), settings, ref_logp_B_T)
 
 
 def test_group_advantages_hand_computed():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bidirl.engines.torch_setup import init_process_group
-from bidirl.engines.train_batch import TrainSample, count_tokens, make_microbatches
+from bidirl.engines.train_batch import TrainSample, make_microbatches, step_totals
 from bidirl.engines.trainer_config import TrainerConfig
 from bidirl.engines.trainer_torch import TorchTrainer
 from bidirl.runtime.placement import free_port
@@ -71,7 +71,7 @@ def test_chunked_gradients_merge_bitwise(tiny_model_dir):
 
     # same step, micro-batches 0-1 on the primary and 2-3 on an "auxiliary" trainer
     fresh, aux = TorchTrainer(tiny_model_dir, CFG), TorchTrainer(tiny_model_dir, CFG)
-    total = count_tokens(mbs)
+    total = step_totals(mbs)
     chunk0 = fresh.compute_chunk_grads(mbs[:2], total)
     chunk1 = aux.compute_chunk_grads(mbs[2:], total)
     assert [len(c.grads) for c in (chunk0, chunk1)] == [2, 2]
@@ -192,7 +192,7 @@ def _dp_empty_rank_worker(rank, world, port, model_dir, out_dir):
     mbs = make_microbatches(_samples(model_dir, 8), 2)
     tr = TorchTrainer(model_dir, CFG_DP, process_group=group)
     # The step's plan gave rank 1 nothing (an auxiliary took its share): it adds zero.
-    chunks = [tr.compute_chunk_grads(mbs, count_tokens(mbs))] if rank == 0 else []
+    chunks = [tr.compute_chunk_grads(mbs, step_totals(mbs))] if rank == 0 else []
     tr.apply_grads(chunks)
     np.savez(f"{out_dir}/rank{rank}.npz", **tr.get_weights_numpy())
     dist.destroy_process_group()
@@ -203,7 +203,7 @@ def test_a_data_parallel_rank_without_micro_batches_adds_zero(tiny_model_dir, tm
 
     mbs = make_microbatches(_samples(tiny_model_dir, 8), 2)
     single = TorchTrainer(tiny_model_dir, CFG_DP)
-    single.apply_grads([single.compute_chunk_grads(mbs, count_tokens(mbs))])
+    single.apply_grads([single.compute_chunk_grads(mbs, step_totals(mbs))])
     mp.spawn(_dp_empty_rank_worker, args=(2, free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2,
              join=True)
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
@@ -262,7 +262,7 @@ def test_the_schedule_and_entropy_are_reported_and_survive_a_resume(tiny_model_d
 
     from bidirl.engines.trainer_config import from_wire, trainer_wire
 
-    cfg, _, _ = from_wire(trainer_wire(TrainerConfig(lr=1e-3, lr_warmup_steps=3, lr_schedule="linear"),
+    cfg, _, _, _ = from_wire(trainer_wire(TrainerConfig(lr=1e-3, lr_warmup_steps=3, lr_schedule="linear"),
                                        "cpu", 0, steps=6))
     assert cfg.lr_decay_steps == 6
     t = TorchTrainer(tiny_model_dir, cfg)

@@ -35,6 +35,13 @@ def test_format():
     assert format_duration(3725) == "1:02:05"
 
 
+def test_a_validation_collapsed_to_one_response_is_flagged():
+    assert format_progress(5, 10, val_score=0.5, val_mode_share=0.52) == (
+        "step 5/10 (50%) | val 0.500 COLLAPSE? 52% one response")
+    assert format_progress(5, 10, val_score=0.5, val_mode_share=0.5) == "step 5/10 (50%) | val 0.500"
+    assert format_progress(5, 10, val_score=0.5) == "step 5/10 (50%) | val 0.500"
+
+
 def test_non_tty_prints_plain_lines_periodically():
     clock, out = FakeClock(), io.StringIO()
     progress = ProgressLine(10, stream=out, tty=False, every_s=30.0, clock=clock)

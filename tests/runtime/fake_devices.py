@@ -179,12 +179,12 @@ class FakeTrainer:
             g += np.float32(s["advantage"]) * (feat - np.tanh(self.w)) / np.float32(max(1, total))
         return g
 
-    def compute_chunk_ref(self, micro_batches: list, total_tokens: int):
+    def compute_chunk_ref(self, micro_batches: list, totals):
         grads, timings, cost = [], [], 0.0
         for mb in micro_batches:
             tokens = sum(len(s["prompt_ids"]) + len(s["response_ids"]) for s in mb)
             took = self.costs.train_per_token_s * tokens
-            grads.append(self.grad(mb, total_tokens))
+            grads.append(self.grad(mb, totals.tokens))
             timings.append((tokens, tokens / max(1, len(mb)), took))
             cost += took
         return (FakeChunk(grads, list(micro_batches), self.version), timings), cost
@@ -314,7 +314,8 @@ class FakeBackend:
         if isinstance(obj, list):
             return [self._resolve(x, ready) for x in obj]
         if isinstance(obj, tuple):
-            return tuple(self._resolve(x, ready) for x in obj)
+            items = [self._resolve(x, ready) for x in obj]
+            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)  # a NamedTuple stays one
         if isinstance(obj, dict):
             return {k: self._resolve(v, ready) for k, v in obj.items()}
         return obj

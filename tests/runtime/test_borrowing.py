@@ -43,6 +43,7 @@ def _batches(steps: int, seed: int = 0):
 def test_trainer_on_rollpool_is_bitwise_identical(tiny_model_dir, ray_local):
     import numpy as np
 
+    from bidirl.algo.aggregation import StepTotals
     from bidirl.engines.trainer_config import TrainerConfig, trainer_wire
     from bidirl.runtime.worker import worker_class
 
@@ -52,7 +53,7 @@ def test_trainer_on_rollpool_is_bitwise_identical(tiny_model_dir, ray_local):
     ray_local.get([w.host.remote("train", model_dir=tiny_model_dir, config=cfg) for w in (alone, primary)]
                   + [aux.host.remote("aux_train", model_dir=tiny_model_dir, config=cfg)])
     for step, mbs in enumerate(_batches(4)):
-        total = sum(len(s["response_ids"]) for mb in mbs for s in mb)
+        total = StepTotals.of(len(s["response_ids"]) for mb in mbs for s in mb)
         # Alone: the primary computes every micro-batch.
         own = alone.call.options(num_returns=2).remote("train", "compute_chunk_ref", mbs, total)[0]
         ray_local.get(alone.call.remote("train", "apply_refs", [[own]], 1))

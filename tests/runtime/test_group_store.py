@@ -53,3 +53,27 @@ def test_state_round_trip_keeps_in_flight_partials():
     other.load_state_dict(store.state_dict())
     assert other.groups[0].done[0].token_ids == [5]
     assert other.requests_for(0)[0].prefix_ids == [6, 7]
+
+
+def test_overlong_shaping_penalises_training_rewards_near_the_cap():
+    """DAPO's buffer (algorithm.overlong_buffer): cap 8, buffer 4: lengths 3, 6 and 8 get
+    0, -0.5 * 2 / 4 and -0.5 * 4 / 4 with penalty factor 0.5, recorded as extra keys; a
+    bad reward scored 0 is not shaped."""
+    from bidirl.algo.algorithm_config import OverlongBuffer
+
+    store = GroupStore(n=4, max_new_tokens=8, temperature=1.0, seed=0, on_bad_reward="zero",
+                       overlong=OverlongBuffer(enable=True, len=4, penalty_factor=0.5))
+    store.add(0, "u", [1], "add", "1")
+    reqs = store.requests_for(0)
+    store.absorb_finished([_result(r, [2] * n, True, 0) for r, n in zip(reqs, (3, 6, 8, 8))])
+    rewards = store.score(0, lambda ds, s, gt, ei: None if s == "bad" else 1.0,
+                          decode=lambda ids: "bad" if ids is store.groups[0].done[3].token_ids else "ok")
+    assert rewards == [1.0, 1.0 - 0.25, 1.0 - 0.5, 0.0]
+    assert store.groups[0].extras[1] == {"overlong_reward": -0.25, "overlong": 1.0}
+    assert store.groups[0].extras[0] == {"overlong_reward": 0.0, "overlong": 0.0}
+    assert 3 in store.groups[0].bad and 3 not in store.groups[0].extras
+    assert store.extra_means([0])["overlong"] == pytest.approx(2 / 3)
+    plain = GroupStore(n=1, max_new_tokens=8, temperature=1.0, seed=0, overlong=OverlongBuffer())  # off
+    plain.add(0, "u", [1], "add", "1")
+    plain.absorb_finished([_result(plain.requests_for(0)[0], [2] * 8, True, 0)])
+    assert plain.score(0, lambda *a: 1.0, decode=str) == [1.0] and plain.groups[0].extras == {}

@@ -24,7 +24,9 @@ def test_the_resume_safe_fields_are_the_ones_listed_before():
     before = {k for k in fields if k.startswith(RESUME_SAFE_BEFORE) and k != "run.run_dir"}
     assert {k for k in fields if resume_safe(k)} == before
     assert len(before) == 46 and "trainer.lr" in before and "cluster.ray_address" in before
-    for refused in ("run.run_dir", "run.seed", "data.seed", "rollout.group_size", "scheduler.staleness", "model.path"):
+    for refused in ("run.run_dir", "run.seed", "data.seed", "rollout.group_size", "scheduler.staleness", "model.path",
+                    "algorithm.adv_estimator", "algorithm.loss_agg_mode", "algorithm.rollout_correction.rollout_is",
+                    "algorithm.overlong_buffer.enable"):  # what the run optimises
         assert not resume_safe(refused), refused
 
 

@@ -67,8 +67,9 @@ def test_the_trainer_section_is_the_torch_trainers_config():
     # What the default run used before the two configs were merged.
     d = load_config().trainer
     assert (d.lr, d.clip_eps_low, d.clip_eps_high, d.max_grad_norm) == (1e-3, 0.2, 0.28, 1.0)
-    cfg, device, seed = from_wire(trainer_wire(c.trainer, device="cpu", seed=7), threads=2)
+    cfg, algorithm, device, seed = from_wire(trainer_wire(c.trainer, device="cpu", seed=7), threads=2)
     assert cfg == TrainerConfig(lr=3e-4, betas=(0.8, 0.95), threads=2) and (device, seed) == ("cpu", 7)
+    assert algorithm == c.algorithm  # the defaults when none is given
 
 
 def test_written_config_loads_back(tmp_path):
@@ -152,7 +153,8 @@ def test_validation_and_sampling_fields_are_checked():
 
 
 def test_help_lists_the_new_fields_and_the_alias_table():
-    from bidirl.runtime.config import VERL_ALIASES, help_text
+    from bidirl.runtime.config import help_text
+    from bidirl.runtime.verl_names import VERL_ALIASES
 
     text = help_text()
     for field in ("data.val_files = []", "run.val_every = 50", "rollout.top_p = 1.0",
@@ -174,13 +176,47 @@ def test_print_config_prints_the_resolved_yaml_and_exits_0(capsys, tmp_path, mon
     assert not list(tmp_path.iterdir())
 
 
-def test_verl_adv_estimator_grpo_is_what_bidirl_does(tmp_path):
+def test_algorithm_section_takes_verls_names_and_refuses_unknown_ones_in_one_line(tmp_path):
     from bidirl.runtime.config import ConfigError, load_config
 
     assert load_config(None, ["algorithm.adv_estimator=grpo"]) == load_config()
-    config = tmp_path / "verl.yaml"
-    config.write_text("algorithm:\n  adv_estimator: grpo\ndata:\n  train_batch_size: 8\n")
-    assert load_config(str(config)).rollout.prompts_per_step == 8
-    for other in ("gae", "rloo"):
-        with pytest.raises(ConfigError, match=f"^algorithm.adv_estimator: '{other}' not allowed; allowed: grpo"):
-            load_config(None, [f"algorithm.adv_estimator={other}"])
+    config = tmp_path / "dapo.yaml"
+    config.write_text(
+        "algorithm:\n  adv_estimator: rloo\n  use_kl_in_reward: false\n  gamma: 1.0\n"
+        "  rollout_correction:\n    rollout_is: token\n    rollout_is_threshold: 3.0\n"
+        "actor_rollout_ref:\n  actor:\n    loss_agg_mode: seq-mean-token-sum-norm\n    clip_ratio_low: 0.2\n"
+        "    clip_ratio_high: 0.28\n    entropy_coeff: 0.001\n    use_kl_loss: false\n    kl_loss_coef: 0.0\n"
+        "    kl_loss_type: low_var_kl\n    policy_loss:\n      loss_mode: gspo\n"
+        "reward_model:\n  overlong_buffer:\n    enable: true\n    len: 4\n    penalty_factor: 1.0\n"
+        "data:\n  train_batch_size: 8\n")
+    c = load_config(str(config))
+    a = c.algorithm
+    assert (a.adv_estimator, a.loss_agg_mode, a.policy_loss, a.kl_loss_type, a.use_kl_loss) == (
+        "rloo", "seq-mean-token-sum-norm", "gspo", "low_var_kl", False)
+    assert a.entropy_coeff == 0.001 and (c.trainer.clip_eps_low, c.trainer.clip_eps_high) == (0.2, 0.28)
+    assert (a.rollout_correction.rollout_is, a.rollout_correction.rollout_is_threshold) == ("token", 3.0)
+    assert (a.overlong_buffer.enable, a.overlong_buffer.len) == (True, 4)
+    for key, value, field in (("algorithm.adv_estimator", "gae", "algorithm.adv_estimator"),
+                              ("actor_rollout_ref.actor.loss_agg_mode", "seq-sum", "algorithm.loss_agg_mode"),
+                              ("actor_rollout_ref.actor.policy_loss.loss_mode", "clip_cov", "algorithm.policy_loss"),
+                              ("algorithm.kl_loss_type", "k4", "algorithm.kl_loss_type"),
+                              ("algorithm.rollout_correction.rollout_is", "geometric",
+                               "algorithm.rollout_correction.rollout_is")):
+        with pytest.raises(ConfigError, match=f"^{field}: must be one of ") as e:
+            load_config(None, [f"{key}={value}"])
+        assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="^algorithm.gamma: 0.99 not allowed; allowed: 1.0"):
+        load_config(None, ["algorithm.gamma=0.99"])
+    with pytest.raises(ConfigError, match="^algorithm.overlong_buffer.len: must be set, and below"):
+        load_config(None, ["algorithm.overlong_buffer.enable=true", "algorithm.overlong_buffer.len=16"])
+
+
+def test_help_lists_every_algorithm_choice():
+    from bidirl.algo import registry
+    from bidirl.runtime.config import help_text
+
+    text = help_text()
+    for names in (registry.ADV_ESTIMATORS, registry.POLICY_LOSSES, registry.LOSS_AGG_MODES, registry.KL_LOSS_TYPES,
+                  registry.ROLLOUT_IS_LEVELS):
+        assert f"(one of {', '.join(names)})" in text
+    assert "algorithm.norm_adv_by_std_in_grpo = True" in text and "algorithm.gamma = 1.0" in text

@@ -52,6 +52,16 @@ def test_scoring_logs_verl_names_per_source_extras_and_samples():
                             "response": "x" * 8, "score": 0.0, "ground_truth": "0"}
 
 
+def test_a_collapsed_policy_shows_in_the_mode_share_and_distinct_count():
+    vs = _val_set(4)
+    out = {"version": 3, "responses": [[0], [0], [0], [1]]}  # three of four answer "0"
+    m = score_validation(vs, out, RewardFn(lambda *a, **k: 0.5), lambda ids: str(ids[0])).metrics
+    assert m["val/distinct"] == 2 and m["val/mode_share"] == 0.75
+    spread = {"version": 3, "responses": [[0], [1], [2], [3]]}
+    m = score_validation(vs, spread, RewardFn(lambda *a, **k: 0.5), lambda ids: str(ids[0])).metrics
+    assert m["val/distinct"] == 4 and m["val/mode_share"] == 0.25
+
+
 def test_a_bad_validation_reward_follows_on_bad_reward():
     vs = _val_set(2)
     out = {"version": 1, "responses": [[1], [2]]}
@@ -142,6 +152,7 @@ def test_the_reporter_logs_verl_names_validation_and_samples(tmp_path):
     assert any("timing_s/update_weights" in r for r in train)
     val = [r for r in records if "val/score/mean" in r]
     assert [r["step"] for r in val] == [2, 4, 6] and "val-core/even/reward/mean@1" in val[0]
+    assert {"val/mode_share", "val/distinct"} <= set(val[0])
     assert totals["val_score"] == val[-1]["val/score/mean"] and [v["step"] for v in totals["val_scores"]] == [2, 4, 6]
     samples = read_samples(tmp_path)
     kinds = [(s["kind"], s["step"]) for s in samples]
@@ -157,3 +168,21 @@ def test_samples_are_cut_back_on_resume(tmp_path):
     assert truncate_samples(tmp_path, 4) == 3  # train 4, val 4 and the torn line
     assert [(r["kind"], r["step"]) for r in read_samples(tmp_path)] == [
         ("train", 0), ("train", 1), ("train", 2), ("train", 3), ("val", 2)]
+
+
+def test_the_reporter_warns_when_one_validation_response_takes_most(tmp_path, capsys):
+    from bidirl.runtime.validation import ValResult
+
+    cfg = load_config(None, ["run.tensorboard=false"])
+    rep = StepReporter(cfg, tmp_path, 0, ex=None)
+    rep.on_validation(ValResult(4, 0.5, {"val/score/mean": 0.5, "val/mode_share": 0.75, "val/distinct": 2,
+                                         "val/prompts": 4}))
+    assert rep.val_mode_share == 0.75
+    assert "one response is 75% of 4 (2 distinct)" in capsys.readouterr().err
+    line = rep.progress.update(5, val_score=rep.val_score, val_mode_share=rep.val_mode_share)
+    assert "val 0.500 COLLAPSE? 75% one response" in line
+    rep.on_validation(ValResult(6, 0.5, {"val/score/mean": 0.5, "val/mode_share": 0.25, "val/distinct": 4,
+                                         "val/prompts": 4}))
+    assert capsys.readouterr().err == ""
+    rep.close()
+    rep.metrics.close()

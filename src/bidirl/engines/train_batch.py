@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from bidirl.algo.aggregation import StepTotals
+
 
 @dataclass(frozen=True)
 class TrainSample:
@@ -74,8 +76,13 @@ def padding_split(lengths: Sequence[int], overhead_tokens: int | None) -> list[l
 
 
 def count_tokens(microbatches: Iterable[Microbatch]) -> int:
-    """Response tokens in these micro-batches: the GRPO loss denominator."""
+    """Response tokens in these micro-batches: the token-mean loss denominator."""
     return sum(len(s.response_ids) for mb in microbatches for s in mb)
+
+
+def step_totals(microbatches: Iterable[Microbatch]) -> StepTotals:
+    """The loss normalisers of these micro-batches taken as a whole step (tokens, sequences)."""
+    return StepTotals.of(len(s.response_ids) for mb in microbatches for s in mb)
 
 
 @dataclass
@@ -87,7 +94,7 @@ class GradChunk:
     num_tokens: int
     """Response tokens covered by this chunk (information; the loss used the batch total)."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """Loss metrics in "token sum / batch tokens" form: chunk values add up to batch means."""
+    """Loss metrics over the step's totals: chunk values add up to batch means (``*_max``: max)."""
     version: int = 0
     """Weights version the gradients were computed with."""
 

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bidirl.algo.algorithm_config import AlgorithmConfig
 from bidirl.core.typed_config import as_dict, build, check_fields, option
 
 
@@ -43,7 +44,11 @@ class NonFiniteWeightsError(NonFiniteError):
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """GRPO trainer settings (AdamW, PPO-style clipping, optional KL to the reference)."""
+    """GRPO trainer settings (AdamW, PPO-style clipping, optional KL to the reference).
+
+    The rest of the objective (estimator, loss, aggregation, KL estimator, entropy,
+    off-policy correction) is the train config's ``algorithm`` section
+    (``algo/algorithm_config.py``), which is not resume-safe as this section is."""
 
     lr: float = option(1e-3, "AdamW learning rate (the peak, with a warm-up or schedule)", gt=0, lt=1)
     lr_warmup_steps: int = option(0, "steps of linear warm-up from lr/warmup to lr", ge=0)
@@ -61,7 +66,8 @@ class TrainerConfig:
                                          gt=0)
     clip_eps_low: float = option(0.2, "lower PPO clip: ratio >= 1 - clip_eps_low", ge=0, lt=1)
     clip_eps_high: float = option(0.28, "upper PPO clip: ratio <= 1 + clip_eps_high (clip-higher)", ge=0)
-    kl_coef: float = option(0.0, "weight of the k3 KL to the reference (initial) policy; 0 disables", ge=0)
+    kl_coef: float = option(0.0, "weight of the KL to the reference (initial) policy (estimator: "
+                            "algorithm.kl_loss_type); 0 disables", ge=0)
     weight_decay: float = option(0.0, "AdamW weight decay", ge=0)
     betas: tuple[float, float] = option((0.9, 0.999), "AdamW betas")
     adam_eps: float = option(1e-8, "AdamW epsilon", gt=0)
@@ -99,21 +105,29 @@ class TrainerConfig:
         return self.lr * (self.lr_min_ratio + (1.0 - self.lr_min_ratio) * shape)
 
 
-def trainer_wire(cfg: TrainerConfig, device: str, seed: int, steps: int | None = None) -> dict[str, Any]:
+def trainer_wire(cfg: TrainerConfig, device: str, seed: int, steps: int | None = None,
+                 algorithm: AlgorithmConfig | None = None, max_new_tokens: int | None = None) -> dict[str, Any]:
     """What a device worker is sent to build a trainer: plain data (it crosses Ray).
 
-    ``steps`` (``run.steps``) fills ``lr_decay_steps`` when it is null."""
+    ``steps`` (``run.steps``) fills ``lr_decay_steps`` when it is null; ``algorithm`` (the
+    train config's ``algorithm`` section; None: the defaults) goes along, its null
+    ``loss_scale_factor`` filled with ``max_new_tokens`` (``rollout.max_new_tokens``)."""
     if steps is not None and cfg.lr_decay_steps is None:
         cfg = dataclasses.replace(cfg, lr_decay_steps=steps)
-    return {"config": as_dict(cfg), "device": device, "seed": seed}
+    algorithm = algorithm or AlgorithmConfig()
+    if max_new_tokens is not None and algorithm.loss_scale_factor is None:
+        algorithm = dataclasses.replace(algorithm, loss_scale_factor=max_new_tokens)
+    return {"config": as_dict(cfg), "algorithm": as_dict(algorithm), "device": device, "seed": seed}
 
 
-def from_wire(wire: dict[str, Any], threads: int | None = None) -> tuple[TrainerConfig, str, int]:
+def from_wire(wire: dict[str, Any], threads: int | None = None
+              ) -> tuple[TrainerConfig, AlgorithmConfig, str, int]:
     """``trainer_wire``'s inverse; ``threads`` (the worker's own setting) wins if given."""
-    unknown = sorted(set(wire) - {"config", "device", "seed"})
+    unknown = sorted(set(wire) - {"config", "algorithm", "device", "seed"})
     if unknown:  # e.g. a flat {"lr": ...}: silently dropping it would train with defaults
         raise ValueError(f"trainer wire: unknown keys {unknown}; build it with trainer_wire(...)")
     data = dict(wire.get("config", {}))
     if threads is not None:
         data["threads"] = threads
-    return build(TrainerConfig, data, "trainer"), wire.get("device", "cpu"), int(wire.get("seed", 0))
+    return (build(TrainerConfig, data, "trainer"), build(AlgorithmConfig, dict(wire.get("algorithm", {})), "algorithm"),
+            wire.get("device", "cpu"), int(wire.get("seed", 0)))

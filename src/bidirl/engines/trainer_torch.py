@@ -4,7 +4,7 @@ Why separable: in BiDiRL an *auxiliary* trainer on a borrowed rollout device com
 gradients of some micro-batches, and the *primary* trainer (the only owner of the optimizer and
 the version counter) merges them. So the unit of work is::
 
-    chunk = trainer.compute_chunk_grads(microbatches, total_tokens)   # anywhere
+    chunk = trainer.compute_chunk_grads(microbatches, totals)         # anywhere
     trainer.apply_grads([chunk_0, chunk_1, ...])                      # primary only
 
 and :meth:`TorchTrainer.train_step` is literally ``apply_grads([compute_chunk_grads(all)])``.
@@ -17,8 +17,12 @@ fold whatever the partition into chunks and whichever device computed them: borr
 changes the trained weights, bit for bit. ``per_microbatch=False`` ships one pre-summed array
 per chunk (less traffic, equal only up to float rounding when there are several chunks).
 
-Data parallel: each rank holds a different slice of the batch; every loss is normalised by the
-token count of the *global* batch (see :mod:`bidirl.algo.grpo`), so the all-reduce is a SUM,
+Every loss is divided by the *step's* totals (tokens and sequences of the whole batch,
+:class:`~bidirl.algo.aggregation.StepTotals`), passed to every chunk, whatever the
+aggregation mode or policy loss (``algorithm.*``): each micro-batch's gradient is then a
+plain summand of the step's, so the fold above equals one trainer's for every mode (see
+:mod:`bidirl.algo.aggregation`).  Data parallel: each rank holds a different slice of the
+batch and the same global totals, so the all-reduce is a SUM (``engines/dp_reduce.py``),
 and DP=k reproduces DP=1 up to float rounding.
 
 Non-finite guard: ``apply_grads`` checks the all-reduced loss and gradient norm before the
@@ -41,11 +45,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bidirl.algo.grpo import grpo_loss, token_logprobs
+from bidirl.algo.aggregation import StepTotals, merge_metrics
+from bidirl.algo.algorithm_config import AlgorithmConfig
+from bidirl.algo.objective import policy_objective
+from bidirl.engines.dp_reduce import all_reduce_step, global_totals
 from bidirl.engines.hf_io import check_finite, load_weights, write_model_dir
+from bidirl.engines.policy_forward import forward_logp, loss_settings, reference_logp
 from bidirl.engines.torch_setup import set_torch_threads
 from bidirl.engines.train_batch import (
-    Collated,
     GradChunk,
     Microbatch,
     TrainSample,
@@ -53,6 +60,7 @@ from bidirl.engines.train_batch import (
     count_tokens,
     make_microbatches,
     padding_split,
+    step_totals,
 )
 from bidirl.engines.trainer_config import NonFiniteStepError, TrainerConfig
 
@@ -63,10 +71,12 @@ class TorchTrainer:
     """Holds an HF causal LM and its AdamW state; computes and applies GRPO gradients."""
 
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None, process_group=None,
-                 *, device: str = "cpu", seed: int = 0):
+                 *, device: str = "cpu", seed: int = 0, algorithm: AlgorithmConfig | None = None):
         from transformers import AutoModelForCausalLM
 
         self.config = config or TrainerConfig()
+        self.algorithm = algorithm or AlgorithmConfig()
+        self.loss_settings = loss_settings(self.config, self.algorithm)
         self.device = device
         set_torch_threads(self.config.threads)
         torch.manual_seed(seed)
@@ -83,7 +93,7 @@ class TorchTrainer:
         # The KL term's reference is the initial policy: the model directory's weights, kept
         # frozen beside the trained copy (one more forward pass per micro-batch).
         self.ref_model = None
-        if self.config.kl_coef > 0:
+        if self.algorithm.kl_on(self.config.kl_coef):
             self.ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
             self.ref_model.to(device).eval().requires_grad_(False)
         self.version = 0
@@ -92,46 +102,23 @@ class TorchTrainer:
         """Steps skipped for a non-finite loss or gradient (``on_nonfinite="skip"``)."""
 
     # ------------------------------------------------------------------ forward passes
-    def _logp(self, batch: Collated) -> torch.Tensor:
-        return self._logp_entropy(batch, entropy=False)[0]
-
-    def _logp_entropy(self, batch: Collated, entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Token log-probs, and (without gradient) the policy's entropy at each position.
-
-        The entropy is computed one sequence at a time, so it adds a (length x vocab)
-        temporary, not a (batch x length x vocab) one."""
-        logits_B_L_V = self.model(
-            input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L, use_cache=False
-        ).logits
-        logits_B_T_V = logits_B_L_V[:, :-1]
-        logp_B_T = token_logprobs(logits_B_T_V, batch.targets_B_T)
-        if not entropy:
-            return logp_B_T, None
-        with torch.no_grad():
-            rows = []
-            for b in range(logits_B_T_V.shape[0]):
-                x_T_V = logits_B_T_V[b].detach().float()
-                p_T_V = torch.softmax(x_T_V, dim=-1)
-                rows.append(torch.logsumexp(x_T_V, dim=-1) - (p_T_V * x_T_V).sum(-1))
-            entropy_B_T = torch.stack(rows)
-        return logp_B_T, entropy_B_T
-
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[TrainSample], micro_batch_size: int = 16) -> list[np.ndarray]:
         """Teacher-forced log-probs of each sample's response tokens under the current weights."""
         out = []
         for mb in make_microbatches(samples, micro_batch_size):
             batch = collate(mb, self.pad_id, self.device)
-            logp_B_T = self._logp(batch).cpu()
+            logp_B_T = forward_logp(self.model, batch, "none")[0].cpu()
             out += [logp_B_T[b, s : s + n].numpy().copy() for b, (s, n) in enumerate(batch.spans)]
         return out
 
     # ------------------------------------------------------------------ gradients
-    def _microbatch_grads(self, mb: Microbatch, total_tokens: int) -> tuple[dict[str, np.ndarray], dict]:
+    def _microbatch_grads(self, mb: Microbatch, totals: StepTotals) -> tuple[dict[str, np.ndarray], dict]:
         """One micro-batch's gradient, computed as ``padding_split`` sub-batches.
 
-        Every loss term and metric is a token sum over ``total_tokens``, so the sub-batches'
-        gradients and metrics add up to the whole micro-batch's (up to float rounding).  Why:
+        Every loss term and metric is a sum over sequences divided by the step's ``totals``,
+        so the sub-batches' gradients and metrics add up to the whole micro-batch's (up to
+        float rounding).  Why:
         a micro-batch padded to its longest sequence costs up to twice its real tokens once
         responses spread out (1-128 tokens), and that cost is not in the stage model's
         features (tokens, sum of squares): BENCHMARKS.md, "padding".
@@ -141,8 +128,7 @@ class TorchTrainer:
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in mb]
         metrics: dict[str, float] = {}
         for part in padding_split(lengths, self.config.padding_split_tokens):
-            for k, v in self._subbatch_backward([mb[i] for i in part], total_tokens).items():
-                metrics[k] = metrics.get(k, 0.0) + v
+            merge_metrics(metrics, self._subbatch_backward([mb[i] for i in part], totals))
         grads = {}
         for name, p in self.params.items():
             g = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -150,51 +136,44 @@ class TorchTrainer:
             p.grad = None
         return grads, metrics
 
-    def _subbatch_backward(self, mb: Microbatch, total_tokens: int) -> dict[str, float]:
+    def _subbatch_backward(self, mb: Microbatch, totals: StepTotals) -> dict[str, float]:
         """Forward and backward of one padded batch (gradients accumulate); its metrics."""
         batch = collate(mb, self.pad_id, self.device)
-        logp_B_T, entropy_B_T = self._logp_entropy(batch)
+        settings = self.loss_settings
+        logp_B_T, entropy_B_T = forward_logp(self.model, batch, "grad" if settings.entropy_coeff else "metric")
         ref_logp_B_T = batch.ref_logp_B_T
         if ref_logp_B_T is None and self.ref_model is not None:
-            with torch.no_grad():
-                ref_logits_B_L_V = self.ref_model(input_ids=batch.input_ids_B_L,
-                                                  attention_mask=batch.attention_mask_B_L, use_cache=False).logits
-                ref_logp_B_T = token_logprobs(ref_logits_B_L_V[:, :-1], batch.targets_B_T)
-        out = grpo_loss(
-            logp_B_T, batch.old_logp_B_T, batch.adv_B, batch.mask_B_T, total_tokens,
-            self.config.clip_eps_low, self.config.clip_eps_high, ref_logp_B_T, self.config.kl_coef,
-        )
+            ref_logp_B_T = reference_logp(self.ref_model, batch)
+        out = policy_objective(logp_B_T, batch.old_logp_B_T, batch.adv_B, batch.mask_B_T, totals, settings,
+                               ref_logp_B_T, entropy_B_T)
         out.loss.backward()
         metrics = {k: float(v) for k, v in out.metrics.items()}
         metrics["loss"] = float(out.loss.detach())
-        mask_B_T = batch.mask_B_T.to(entropy_B_T.dtype)
-        metrics["entropy"] = float((entropy_B_T * mask_B_T).sum() / total_tokens)  # token mean, summed over mbs
         return metrics
 
     def compute_chunk_grads(
-        self, microbatches: Sequence[Microbatch], total_tokens: int | None = None,
+        self, microbatches: Sequence[Microbatch], totals: StepTotals | None = None,
         per_microbatch: bool = True,
     ) -> GradChunk:
-        """Gradients of ``microbatches`` (in order) with every loss divided by ``total_tokens``.
+        """Gradients of ``microbatches`` (in order) with every loss divided by ``totals``.
 
-        ``total_tokens`` must be the response-token count of the whole step's batch (all chunks,
-        all DP ranks); None means "these micro-batches are the whole batch".
+        ``totals`` must be the whole step's (all chunks, all DP ranks: ``StepTotals`` of
+        its response tokens and sequences); None means "these micro-batches are the whole batch".
         """
         if not microbatches:
             raise ValueError("compute_chunk_grads needs at least one micro-batch")
-        if total_tokens is None:
-            total_tokens = count_tokens(microbatches)
+        if totals is None:
+            totals = step_totals(microbatches)
         partials: list[dict[str, np.ndarray]] = []
         metrics: dict[str, float] = {}
         for mb in microbatches:
-            grads, mb_metrics = self._microbatch_grads(mb, total_tokens)
+            grads, mb_metrics = self._microbatch_grads(mb, totals)
             if per_microbatch or not partials:
                 partials.append(grads)
             else:
                 for name, g in grads.items():
                     partials[0][name] += g  # same left fold as apply_grads
-            for k, v in mb_metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + v
+            merge_metrics(metrics, mb_metrics)
         return GradChunk(partials, count_tokens(microbatches), metrics, self.version)
 
     def warm_up(self, samples: int, prompt_tokens: int, response_tokens: int) -> float:
@@ -245,11 +224,10 @@ class TorchTrainer:
                 total[name] += g
         metrics: dict[str, float] = {}
         for chunk in chunks:
-            for k, v in chunk.metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + v
+            merge_metrics(metrics, chunk.metrics)
         for name, p in self.params.items():
             p.grad = torch.from_numpy(total[name]).view_as(p).to(p.device)
-        metrics = self._all_reduce(metrics)
+        metrics = all_reduce_step(list(self.params.values()), metrics, self.process_group)
         if self.config.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.max_grad_norm, foreach=False)
         else:
@@ -278,52 +256,25 @@ class TorchTrainer:
                        skipped_steps=self.skipped_steps, lr=lr)
         return metrics
 
-    def _all_reduce(self, metrics: dict[str, float]) -> dict[str, float]:
-        """SUM the gradients (already globally normalised) and metrics over the DP group."""
-        import torch.distributed as dist
-
-        if self.process_group is None or dist.get_world_size(self.process_group) == 1:
-            return metrics
-        params = list(self.params.values())
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        # A rank without micro-batches has no metrics: the ranks agree on the names first.
-        names: list = [None] * dist.get_world_size(self.process_group)
-        dist.all_gather_object(names, sorted(metrics), group=self.process_group)
-        keys = sorted(set().union(*names))
-        flat = torch.cat([flat, torch.tensor([metrics.get(k, 0.0) for k in keys], dtype=flat.dtype)])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
-        offset = 0
-        for p in params:
-            p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-        return {k: float(v) for k, v in zip(keys, flat[offset:].tolist(), strict=True)}
-
-    def global_token_count(self, microbatches: Sequence[Microbatch]) -> int:
-        """Response tokens of the whole step: the local count summed over the DP group."""
-        n = count_tokens(microbatches)
-        if self.process_group is None:
-            return n
-        import torch.distributed as dist
-
-        t = torch.tensor([n], dtype=torch.long)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
-        return int(t.item())
+    def global_totals(self, microbatches: Sequence[Microbatch]) -> StepTotals:
+        """The whole step's totals: this rank's, summed over the DP group."""
+        return global_totals(microbatches, self.process_group)
 
     def train_step(
-        self, batch: Sequence[TrainSample] | Sequence[Microbatch], total_tokens: int | None = None
+        self, batch: Sequence[TrainSample] | Sequence[Microbatch], totals: StepTotals | None = None
     ) -> dict[str, float]:
         """One optimizer step over this rank's share of the batch: micro-batches, or a flat
         list of samples split by ``micro_batch_size``.
 
-        Exactly ``apply_grads([compute_chunk_grads(microbatches, N)])`` with N the global
-        token count, so it is bitwise equal to any chunked computation of the same step.
+        Exactly ``apply_grads([compute_chunk_grads(microbatches, totals)])`` with the global
+        totals, so it is bitwise equal to any chunked computation of the same step.
         """
         if batch and isinstance(batch[0], TrainSample):
             batch = make_microbatches(batch, self.config.micro_batch_size)  # type: ignore[arg-type]
         microbatches = list(batch)  # type: ignore[arg-type]
-        if total_tokens is None:
-            total_tokens = self.global_token_count(microbatches)
-        chunk = self.compute_chunk_grads(microbatches, total_tokens, per_microbatch=False)
+        if totals is None:
+            totals = self.global_totals(microbatches)
+        chunk = self.compute_chunk_grads(microbatches, totals, per_microbatch=False)
         return self.apply_grads([chunk])
 
     # ------------------------------------------------------------------ weights and state

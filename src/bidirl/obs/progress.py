@@ -3,7 +3,10 @@
     step 12/100 (12%) | reward 0.532 | val 0.610 | 1.23k tok/s | idle rollout 3% train 12% |
     stale 0.8/2 | 0:41 | ETA 5:02          (one line on screen)
 
-``val`` is the latest validation score (absent until the first validation).
+``val`` is the latest validation score (absent until the first validation); when one
+response is more than ``COLLAPSE_SHARE`` of that validation's responses, the line says so
+(``val 0.500 COLLAPSE? 52% one response``): a policy that answers everything alike
+may still score (a letter-counting run rose to 0.50 answering "0" to every prompt).
 
 On a terminal the line is redrawn in place with ``\\r`` (at most every
 ``min_refresh_s``, truncated to the terminal width so it never wraps, which would break
@@ -21,7 +24,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-__all__ = ["ProgressLine", "format_duration", "format_progress"]
+__all__ = ["COLLAPSE_SHARE", "ProgressLine", "format_duration", "format_progress"]
+
+COLLAPSE_SHARE = 0.5
+"""A validation whose most common response is more than this share of all is flagged."""
 
 
 def format_duration(seconds: float) -> str:
@@ -47,6 +53,7 @@ def format_progress(
     eta_s: float | None = None,
     reward: float | None = None,
     val_score: float | None = None,
+    val_mode_share: float | None = None,
     tokens_per_s: float | None = None,
     idle_ratios: Mapping[str, float] | None = None,
     staleness_mean: float | None = None,
@@ -59,7 +66,9 @@ def format_progress(
     if reward is not None:
         parts.append(f"reward {reward:.3f}")
     if val_score is not None:
-        parts.append(f"val {val_score:.3f}")
+        collapse = val_mode_share is not None and val_mode_share > COLLAPSE_SHARE
+        parts.append(f"val {val_score:.3f}" + (f" COLLAPSE? {100 * val_mode_share:.0f}% one response"
+                                                if collapse else ""))
     if tokens_per_s is not None:
         parts.append(f"{_si(tokens_per_s)} tok/s")
     if idle_ratios:
@@ -120,7 +129,8 @@ class ProgressLine:
     def update(self, step: int, **fields: Any) -> str:
         """Record progress after ``step`` finished steps; returns the formatted line.
 
-        ``fields``: ``format_progress``'s ``reward``, ``val_score``, ``tokens_per_s``, ``idle_ratios``,
+        ``fields``: ``format_progress``'s ``reward``, ``val_score``, ``val_mode_share``, ``tokens_per_s``,
+        ``idle_ratios``,
         ``staleness_mean``, ``staleness_max`` and ``slow_rewards``; elapsed time and ETA come from the clock.
         """
         now = self._clock()

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from bidirl.algo.algorithm_config import AlgorithmConfig
 from bidirl.core.typed_config import (
     as_dict,
     build,
@@ -32,9 +33,10 @@ from bidirl.core.typed_config import (
 )
 from bidirl.engines.trainer_config import TrainerConfig
 from bidirl.policy import policy_max_staleness, policy_names
+from bidirl.runtime.verl_names import VERL_ALIASES, VERL_FIXED, VERL_ROOTS, canonical, leaves
 
-__all__ = ["ConfigError", "TrainConfig", "TrainerConfig", "VERL_ALIASES", "load_config", "help_text", "resume_safe",
-           "resume_safe_names"]
+__all__ = ["AlgorithmConfig", "ConfigError", "TrainConfig", "TrainerConfig", "load_config", "help_text",
+           "resume_safe", "resume_safe_names"]
 
 
 class ConfigError(ValueError):
@@ -160,6 +162,8 @@ class TrainConfig:
     rollout: RolloutConfig = section(RolloutConfig, "sampling")
     trainer: TrainerConfig = section(TrainerConfig, "the GRPO trainer (the same class TorchTrainer takes)",
                                      resume_safe=True)
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantages, loss, aggregation, corrections "
+                                         "(docs/algorithm.md)")
     scheduler: SchedulerConfig = section(SchedulerConfig, "the scheduling policy")
     cluster: ClusterConfig = section(ClusterConfig, "devices and pools", resume_safe=True)
     run: RunConfig = section(RunConfig, "length, output and checkpoints")
@@ -188,7 +192,9 @@ def resume_safe(key: str) -> bool:
     ``rollout.group_size``), the prompt sequence and rewards (``data.*``), the samples
     (``rollout.max_new_tokens``, ``max_new_tokens_start``, ``min_new_tokens``,
     ``temperature``, ``top_p``, ``top_k``, ``run.seed``), the staleness bound the audit checks
-    (``scheduler.staleness``), the model (``model.*``) and the directory (``run.run_dir``).
+    (``scheduler.staleness``), the model (``model.*``), the directory (``run.run_dir``), and
+    the algorithm (``algorithm.*``: the estimator, loss, aggregation, corrections and reward
+    shaping define what the run optimises, so a resume keeps the ones it began with).
     """
     return flagged(TrainConfig, key, "resume_safe")
 
@@ -226,6 +232,10 @@ def _check(c: TrainConfig) -> TrainConfig:
     need(c.rollout.min_new_tokens <= c.rollout.max_new_tokens, "rollout.min_new_tokens",
          f"at most rollout.max_new_tokens ({c.rollout.max_new_tokens})", c.rollout.min_new_tokens)
     need(c.data.val_max_samples != 0, "data.val_max_samples", "-1 (all) or at least 1", 0)
+    ob = c.algorithm.overlong_buffer
+    if ob.enable:
+        need(ob.len is not None and ob.len < c.rollout.max_new_tokens, "algorithm.overlong_buffer.len",
+             f"set, and below rollout.max_new_tokens ({c.rollout.max_new_tokens}), with overlong_buffer.enable", ob.len)
     if c.run.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("run.wandb: true needs the wandb package, which is not installed "
                           "(pip install wandb), or set run.wandb=false")
@@ -236,94 +246,15 @@ def _check(c: TrainConfig) -> TrainConfig:
     return c
 
 
-VERL_ALIASES: tuple[tuple[str, str], ...] = (
-    ("data.train_files", "data.files"),
-    ("data.train_batch_size", "rollout.prompts_per_step"),
-    ("data.max_response_length", "rollout.max_new_tokens"),
-    ("custom_reward_function.path", "data.reward_fn"),
-    ("custom_reward_function.name", "data.reward_fn_name"),
-    ("actor_rollout_ref.model.path", "model.path"),
-    ("actor_rollout_ref.actor.optim.lr", "trainer.lr"),
-    ("actor_rollout_ref.actor.optim.lr_warmup_steps", "trainer.lr_warmup_steps"),
-    ("actor_rollout_ref.actor.optim.warmup_style", "trainer.lr_schedule"),
-    ("actor_rollout_ref.actor.optim.lr_scheduler_type", "trainer.lr_schedule"),
-    ("actor_rollout_ref.actor.optim.min_lr_ratio", "trainer.lr_min_ratio"),
-    ("actor_rollout_ref.actor.optim.weight_decay", "trainer.weight_decay"),
-    ("actor_rollout_ref.actor.optim.betas", "trainer.betas"),
-    ("actor_rollout_ref.actor.grad_clip", "trainer.max_grad_norm"),
-    ("actor_rollout_ref.actor.clip_ratio_low", "trainer.clip_eps_low"),
-    ("actor_rollout_ref.actor.clip_ratio_high", "trainer.clip_eps_high"),
-    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "trainer.micro_batch_size"),
-    ("actor_rollout_ref.rollout.n", "rollout.group_size"),
-    ("actor_rollout_ref.rollout.temperature", "rollout.temperature"),
-    ("actor_rollout_ref.rollout.top_p", "rollout.top_p"),
-    ("actor_rollout_ref.rollout.top_k", "rollout.top_k"),
-    ("actor_rollout_ref.rollout.response_length", "rollout.max_new_tokens"),
-    ("actor_rollout_ref.rollout.max_num_seqs", "rollout.max_num_seqs"),
-    ("actor_rollout_ref.rollout.dtype", "model.dtype"),
-    ("actor_rollout_ref.rollout.val_kwargs.temperature", "rollout.val_temperature"),
-    ("trainer.total_training_steps", "run.steps"),
-    ("trainer.test_freq", "run.val_every"),
-    ("trainer.val_before_train", "run.val_before_train"),
-    ("trainer.log_val_generations", "run.val_samples"),
-    ("trainer.save_freq", "run.checkpoint_every"),
-    ("trainer.max_actor_ckpt_to_keep", "run.keep_checkpoints"),
-    ("trainer.project_name", "run.wandb_project"),
-    ("trainer.experiment_name", "run.wandb_name"),
-)
-"""veRL's config names that mean what a bidirl field means: (veRL name, bidirl field).
-
-Accepted in a YAML file (nested, as veRL writes them) and as ``key=value`` overrides;
-``data.val_files``, ``data.val_max_samples``, ``data.max_prompt_length`` and
-``data.filter_overlong_prompts`` are bidirl's own names too.  Only names whose meaning is the same are
-here: ``trainer.test_freq`` is veRL's steps between validations (``-1``, veRL's "off",
-is read as 0, as is ``save_freq``'s and ``lr_warmup_steps``'s), ``warmup_style`` is veRL's
-name for the schedule after warm-up.  Two names of one field may both be given if they
-agree (a veRL file sets ``data.max_response_length`` and ``rollout.response_length``).
-"""
-
-_ALIAS = dict(VERL_ALIASES)
-
-VERL_FIXED: dict[str, tuple[str, ...]] = {"algorithm.adv_estimator": ("grpo",)}
-"""veRL fields naming what bidirl always does, with the values that mean it: accepted and
-changing nothing (``grpo``, veRL's default: group-normalised advantages); another value is
-an error listing these."""
-
-
-def _leaves(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    """(dotted key, value) of every leaf of a nested mapping; an empty mapping is a leaf."""
-    out: list[tuple[str, Any]] = []
-    for k, v in data.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out += _leaves(v, key + ".")
-        else:
-            out.append((key, v))
-    return out
-
-
-def _canonical(key: str, value: Any) -> tuple[str, Any]:
-    """A veRL alias mapped to bidirl's field (and veRL's ``-1`` for "off" where it has one)."""
-    name = _ALIAS.get(key, key)
-    if key in ("trainer.test_freq", "trainer.save_freq", "actor_rollout_ref.actor.optim.lr_warmup_steps") \
-            and value == -1:
-        value = 0
-    return name, value
-
-
-_VERL_ROOTS = ("actor_rollout_ref", "custom_reward_function", "critic", "algorithm", "reward_model",
-               "ray_init", "ray_kwargs")
-
-
 def _place(data: dict, key: str, value: Any) -> str:
     """Put ``key=value`` (a bidirl field or a veRL alias) into ``data``; the field's name."""
-    name, value = _canonical(key, value)
+    name, value = canonical(key, value)
     if key in VERL_FIXED:  # nothing to set: what bidirl does anyway
-        if value not in VERL_FIXED[key]:
-            raise ConfigError(f"{key}: {value!r} not allowed; allowed: {', '.join(VERL_FIXED[key])} (bidirl's "
-                              "group-normalised advantages)")
+        if value not in VERL_FIXED[key] or isinstance(value, bool) != isinstance(VERL_FIXED[key][0], bool):
+            raise ConfigError(f"{key}: {value!r} not allowed; allowed: {', '.join(map(str, VERL_FIXED[key]))} "
+                              "(what bidirl does; see VERL_FIXED in runtime/verl_names.py)")
         return key
-    if name.split(".", 1)[0] in _VERL_ROOTS:
+    if name.split(".", 1)[0] in VERL_ROOTS:
         raise ConfigError(f"{key}: a veRL field bidirl does not take (the ones it takes, under their veRL "
                           "names, are listed by bidirl train --help)")
     set_path(TrainConfig, data, name, value, ConfigError)
@@ -334,12 +265,12 @@ def _resolve_aliases(data: dict) -> dict:
     """The mapping with every veRL alias renamed to its bidirl field; both given is an error."""
     out: dict[str, Any] = {}
     given: dict[str, tuple[str, Any]] = {}
-    for key, value in _leaves(data):
+    for key, value in leaves(data):
         name = _place(out, key, value)
-        if name in given and given[name][0] != key and given[name][1] != _canonical(key, value)[1]:
+        if name in given and given[name][0] != key and given[name][1] != canonical(key, value)[1]:
             raise ConfigError(f"{key}: the same field as {given[name][0]} ({name}), with another value; "
                               "give one of them")
-        given[name] = (key, _canonical(key, value)[1])
+        given[name] = (key, canonical(key, value)[1])
     return out
 
 
@@ -385,5 +316,7 @@ def help_text() -> str:
     """Every field with its default and doc, for ``bidirl train --help``."""
     width = max(len(a) for a, _ in VERL_ALIASES)
     aliases = "\n".join(f"  {a:<{width}} -> {b}" for a, b in VERL_ALIASES)
+    fixed = "\n".join(f"  {k} = {' or '.join(map(str, v))}" for k, v in VERL_FIXED.items())
     return ("config fields (set with --config FILE.yaml or key=value):\n" + format_fields(TrainConfig, 44)
-            + "\n\nveRL names accepted for the same fields (file or key=value):\n" + aliases)
+            + "\n\nveRL names accepted for the same fields (file or key=value):\n" + aliases
+            + "\n\nveRL fields accepted with the value that is what bidirl does:\n" + fixed)

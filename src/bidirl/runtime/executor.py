@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bidirl.algo.algorithm_config import AlgorithmConfig
 from bidirl.controller.actions import AssignGroups, JoinStep, Lend, Reclaim, StartTrainStep, SyncWeights
 from bidirl.controller.events import (
     DeviceLent,
@@ -67,6 +68,7 @@ class Job:
     trainer_kwargs: dict  # model_dir, config: what an auxiliary trainer is brought up with
     group_offset: int = 0  # resume: controller ids are local, the store's are global
     version_offset: int = 0
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # the advantage estimator's settings
 
 
 @dataclass

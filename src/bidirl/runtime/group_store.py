@@ -17,6 +17,11 @@ scored 0 and counted per group (``"zero"``; the reporter logs ``reward/bad_count
 A dict's other finite numbers (veRL's extra keys, e.g. ``{"score": 1.0, "acc": 1}``) are
 kept per response and logged by the reporter as ``reward/extra/<key>`` means per step.
 
+DAPO's overlong shaping (``algorithm.overlong_buffer``) is added here to each good reward
+(``algo/reward_shaping.py``, against the group's own response cap), and recorded as the
+extra keys ``overlong_reward`` and ``overlong`` (1 if penalised); a bad reward scored 0 is
+not shaped.
+
 Every call goes through the run's :class:`~bidirl.runtime.reward_call.RewardGuard`
 (``data.reward_timeout_s``): a call that hangs is abandoned and one that raises
 ``SystemExit``/``KeyboardInterrupt`` is a bad reward like any other.  Under ``zero``, a run
@@ -32,7 +37,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from bidirl.algo.algorithm_config import OverlongBuffer
 from bidirl.algo.data import DataError
+from bidirl.algo.reward_shaping import overlong_penalty
 from bidirl.runtime.messages import ResponseRequest, ResponseResult
 from bidirl.runtime.reward_call import DEFAULT_REWARD_TIMEOUT_S, RewardGuard, RewardTimeout
 
@@ -162,17 +169,20 @@ class GroupRecord:
 
 class GroupStore:
     def __init__(self, n: int, max_new_tokens: int, temperature: float, seed: int,
-                 on_bad_reward: OnBadReward = "error", cap_for=None, reproducible: bool = False) -> None:
+                 on_bad_reward: OnBadReward = "error", cap_for=None, reproducible: bool = False,
+                 overlong: OverlongBuffer | None = None) -> None:
         """``on_bad_reward`` applies to reward functions that carry no choice of their own
         (a :class:`RewardFn` does).  ``cap_for(group_id)``: that group's response cap, when
         it is not ``max_new_tokens`` for all (a length curriculum).  ``reproducible``: an
         interrupted response restarts from its first token with its own seed instead of
-        resuming its prefix (a resumed request draws from another random stream)."""
+        resuming its prefix (a resumed request draws from another random stream).
+        ``overlong``: DAPO's length penalty on training rewards (see the module doc)."""
         if on_bad_reward not in ("error", "zero"):
             raise ValueError(f"on_bad_reward must be 'error' or 'zero', got {on_bad_reward!r}")
         self.n, self.max_new_tokens, self.temperature, self.seed = n, max_new_tokens, temperature, seed
         self.on_bad_reward = on_bad_reward
         self.reproducible = reproducible
+        self.overlong = overlong if overlong is not None and overlong.enable else None
         self.cap_for = cap_for or (lambda _gid: max_new_tokens)
         self.groups: dict[int, GroupRecord] = {}
         self._warned_bad = False
@@ -267,6 +277,10 @@ class GroupStore:
                     value = 0.0
                 else:
                     extras = reward_extras(raw)
+                    if self.overlong is not None:
+                        penalty = self._overlong_penalty(group_id, len(rec.done[i].token_ids))
+                        value += penalty
+                        extras.update(overlong_reward=penalty, overlong=float(penalty < 0))
                     if extras:
                         rec.extras[i] = extras
                 rec.rewards[i] = value
@@ -291,6 +305,12 @@ class GroupStore:
                                      f"(the first: {name} {first}); training on zeros learns nothing: fix the "
                                      "reward function")
         return rewards
+
+    def _overlong_penalty(self, group_id: int, length: int) -> float:
+        ob = self.overlong
+        if ob.len is None:
+            raise ValueError("algorithm.overlong_buffer.enable needs algorithm.overlong_buffer.len")
+        return overlong_penalty(length, self.cap_for(group_id), ob.len, ob.penalty_factor)
 
     def bad_count(self, group_ids) -> int:
         """Responses of these (scored) groups whose reward was bad and scored 0."""

@@ -34,7 +34,8 @@ def worker_settings(cfg: TrainConfig, model_dir: str, max_model_len: int) -> tup
     """(the rollout role's keyword arguments, the trainer's config on the wire): what every
     worker is given to host its roles."""
     rollout_kwargs = rollout_wire(cfg, model_dir, max_model_len)
-    trainer_config = trainer_wire(cfg.trainer, device=cfg.cluster.device, seed=cfg.run.seed, steps=cfg.run.steps)
+    trainer_config = trainer_wire(cfg.trainer, device=cfg.cluster.device, seed=cfg.run.seed, steps=cfg.run.steps,
+                                  algorithm=cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens)
     return rollout_kwargs, trainer_config
 
 

@@ -5,7 +5,9 @@ Metric names are veRL's where veRL has the metric (``critic/score/mean|max|min``
 ``actor/entropy``, ``actor/lr``, ``actor/pg_loss``, ``actor/pg_clipfrac``,
 ``actor/grad_norm``, ``timing_s/gen``, ``timing_s/update_actor``,
 ``timing_s/update_weights``, ``timing_s/step``, ``perf/throughput``,
-``perf/total_num_tokens``) so users read them where they are used to; ``reward/mean|max|min``
+``perf/total_num_tokens``; the importance ratio pi_current / pi_behaviour's spread as
+``rollout_corr/rollout_is_mean|max|ratio_fraction_high``, whether or not
+``algorithm.rollout_correction`` uses it) so users read them where they are used to; ``reward/mean|max|min``
 (the same numbers as ``critic/score/*``) stay for the tests and benches that read them.
 A dict reward's extra keys are logged as ``reward/extra/<key>`` means.  Validation
 (``runtime/validation.py``) logs ``val/*`` and ``val-core/*`` and writes ``samples.jsonl``
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from bidirl.obs.accounting import PoolTime, borrowed_seconds, pool_times
 from bidirl.obs.metrics import MetricsLogger, read_metrics
-from bidirl.obs.progress import ProgressLine
+from bidirl.obs.progress import COLLAPSE_SHARE, ProgressLine
 from bidirl.obs.samples_log import SamplesLog
 from bidirl.obs.trace import write_chrome_trace
 from bidirl.runtime.config import TrainConfig
@@ -112,11 +114,14 @@ def step_metrics(rec, groups: StepGroups, seen: SinceLastStep, max_new_tokens: i
     for name, error in seen.model_errors.items():
         if error is not None:
             m[f"stage_model/{name}_median_error"] = error
-    for k, name in (("loss", "loss"), ("pg_loss", "pg_loss"), ("clip_frac", "pg_clipfrac"),
-                    ("kl_ref", "kl_loss"), ("kl_behaviour", "kl_behaviour"), ("entropy", "entropy"),
-                    ("lr", "lr"), ("grad_norm", "grad_norm"), ("skipped_steps", "skipped_steps")):
+    for k, name in (("loss", "actor/loss"), ("pg_loss", "actor/pg_loss"), ("clip_frac", "actor/pg_clipfrac"),
+                    ("kl_ref", "actor/kl_loss"), ("kl_behaviour", "actor/kl_behaviour"), ("entropy", "actor/entropy"),
+                    ("lr", "actor/lr"), ("grad_norm", "actor/grad_norm"), ("skipped_steps", "actor/skipped_steps"),
+                    ("rollout_is_mean", "rollout_corr/rollout_is_mean"),
+                    ("rollout_is_max", "rollout_corr/rollout_is_max"),
+                    ("rollout_is_fraction_high", "rollout_corr/rollout_is_ratio_fraction_high")):
         if k in rec.metrics:
-            m[f"actor/{name}"] = rec.metrics[k]
+            m[name] = rec.metrics[k]
     for k, v in groups.extra_means.items():
         m[f"reward/extra/{k}"] = v
     if seen.gen_s is not None:
@@ -186,6 +191,7 @@ class StepReporter:
         self.samples = SamplesLog(self.run_dir)
         self.decode_prompt = None  # set by the session: prompt ids -> text, template included
         self.val_score: float | None = None  # the latest validation's, for the progress line
+        self.val_mode_share: float | None = None  # its most common response's share (collapse shows)
         self._last_t = 0.0
         self._seen_syncs = 0
         self._seen_admissions = 0
@@ -220,6 +226,7 @@ class StepReporter:
                   f"{int(rec.metrics.get('skipped_steps', 1))} so far", file=sys.stderr)
         self.metrics.log(rec.step, m)
         self.progress.update(rec.step + 1, reward=m["reward/mean"], val_score=self.val_score,
+                             val_mode_share=self.val_mode_share,
                              tokens_per_s=m["perf/throughput"], idle_ratios=seen.idle_ratios,
                              staleness_mean=m["staleness/mean"], staleness_max=m["staleness/max"],
                              slow_rewards=slow_calls(self.ex.job.reward_fn))
@@ -227,6 +234,12 @@ class StepReporter:
     def on_validation(self, result) -> None:
         """A scored validation (``validation.ValResult``): metrics at step = its version, samples."""
         self.val_score = result.score
+        self.val_mode_share = result.metrics.get("val/mode_share")
+        if self.val_mode_share is not None and self.val_mode_share > COLLAPSE_SHARE:
+            print(f"[bidirl] warning: validation at step {result.version}: one response is "
+                  f"{100 * self.val_mode_share:.0f}% of {int(result.metrics.get('val/prompts', 0))} "
+                  f"({int(result.metrics.get('val/distinct', 0))} distinct): the policy may have collapsed "
+                  "to a single answer (samples.jsonl shows them)", file=sys.stderr)
         self.metrics.log(result.version, result.metrics)
         self._write_samples(result.version, "val", result.samples[:self.cfg.run.val_samples])
 

@@ -168,7 +168,8 @@ class TrainSession:
             vs = val_set(cfg, fit, tok)
             cursor = PromptCursor(rows, seed=cfg.data.seed)
             store = GroupStore(cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
-                               cfg.run.seed, cap_for=response_cap(cfg), reproducible=cfg.scheduler.reproducible)
+                               cfg.run.seed, cap_for=response_cap(cfg), reproducible=cfg.scheduler.reproducible,
+                               overlong=cfg.algorithm.overlong_buffer)
             if state is not None:
                 cursor.load_state_dict(state["cursor"])
                 store.load_state_dict(state["store"])
@@ -193,7 +194,8 @@ class TrainSession:
         rollout_kwargs, trainer_config = worker_settings(cfg, model_dir, fit.max_model_len)
         job = Job(stream.store, stream.new_group, reward_fn, stream.decode, rollout_kwargs,
                   trainer_kwargs={"model_dir": model_dir, "config": trainer_config},
-                  group_offset=self.start_step * cfg.rollout.prompts_per_step, version_offset=self.start_step)
+                  group_offset=self.start_step * cfg.rollout.prompts_per_step, version_offset=self.start_step,
+                  algorithm=cfg.algorithm)
         ex, self.train_devices = start_executor(cfg, policy, spec, placement, job, ckpt, self.wrap_backend)
         self.placement = placement
         reporter = StepReporter(cfg, self.run_dir, self.start_step, ex, wandb_config=self._config_record())

@@ -60,6 +60,7 @@ class _Step:
     a: StartTrainStep
     rec: StepRecord
     mbs: list[list[dict]]  # samples of each micro-batch
+    totals: object  # the step's StepTotals: every micro-batch's loss is divided by them
     rank_items: list[list[int]]  # per primary rank: its micro-batches, in merge order
     todo: list[deque]  # per primary rank: the ones nobody has claimed yet
     inflight: list[int]  # per primary rank: its calls on its device
@@ -82,7 +83,7 @@ class TrainDriver:
     # -- start --------------------------------------------------------------------------
     def start(self, a: StartTrainStep) -> None:
         ex = self.ex
-        rec, mbs = self._layout(a)
+        rec, mbs, totals = self._layout(a)
         devs = ex.layout.train_devices
         if ex.spec.aux_trainers and ex.spec.n_replicas:
             # The weights an auxiliary of this step loads, asked for before the step's calls:
@@ -92,7 +93,7 @@ class TrainDriver:
             ex.primary_weights()
         own = [i for c in a.chunks if c.executor == PRIMARY for i in c.micro_batches]
         ranks = [own[r::len(devs)] for r in range(len(devs))]
-        st = _Step(a, rec, mbs, ranks, [deque(x) for x in ranks], [0] * len(devs))
+        st = _Step(a, rec, mbs, totals, ranks, [deque(x) for x in ranks], [0] * len(devs))
         self.current = st
         rec.chunks.append((PRIMARY, len(own)))
         for c in a.chunks:
@@ -107,10 +108,12 @@ class TrainDriver:
             self._feed_rank(st, r)
         self._check_done(st)
 
-    def _layout(self, a: StartTrainStep) -> tuple[StepRecord, list[list[dict]]]:
-        """Score the batch, compute advantages, cut the samples into the micro-batches."""
+    def _layout(self, a: StartTrainStep) -> tuple[StepRecord, list[list[dict]], object]:
+        """Score the batch, compute advantages (``algorithm.adv_estimator``, over the whole
+        step), cut the samples into the micro-batches; the step's loss normalisers."""
         # lazy: pulls in torch, which the executor's module does not need until a step is laid out
-        from bidirl.algo.grpo import group_advantages_lists
+        from bidirl.algo.advantages import step_advantages
+        from bidirl.algo.aggregation import StepTotals  # lazy: torch, as above
 
         ex = self.ex
         job, goff, voff = ex.job, ex.job.group_offset, ex.job.version_offset
@@ -118,7 +121,9 @@ class TrainDriver:
         rewards = job.store.score_step(gids, job.reward_fn, job.decode)
         samples, stale = [], []
         step = a.step + voff
-        for g, adv in zip(gids, group_advantages_lists(rewards)):
+        groups = [job.store.groups[g] for g in gids]
+        lengths = [[len(rec.done[i].token_ids) for i in range(rec.n)] for rec in groups]
+        for g, adv in zip(gids, step_advantages(rewards, lengths, job.algorithm)):
             rec = job.store.groups[g]
             v_first = job.store.versions(g)[0]
             stale.append(staleness_at_training(step, v_first if v_first is not None else step))
@@ -137,7 +142,7 @@ class TrainDriver:
         rec = StepRecord(step, tuple(gids), [x for r in rewards for x in r], stale, total,
                          sum(len(s["response_ids"]) + len(s["prompt_ids"]) for s in samples), ex.now())
         self.records[rec.step] = rec
-        return rec, mbs
+        return rec, mbs, StepTotals.of(len(s["response_ids"]) for s in samples)
 
     def _weights_for(self, dev: int) -> None:
         """An auxiliary on ``dev`` computes on the primary's weights of this step."""
@@ -152,7 +157,7 @@ class TrainDriver:
         """One call: the gradient of micro-batch ``i`` on ``dev``; its handle is kept for the merge."""
         st.calls_left += 1
         handles = self.ex.calls.issue(dev, on_done, (role, f"train step {st.rec.step}"), "call", role,
-                                      "compute_chunk_ref", [st.mbs[i]], st.rec.response_tokens,
+                                      "compute_chunk_ref", [st.mbs[i]], st.totals,
                                       returns=2, on_lost=on_lost)
         st.refs[i], st.computed_on[i] = handles[0], dev
 

@@ -13,6 +13,7 @@ import gc
 import time
 from typing import Any
 
+from bidirl.algo.aggregation import StepTotals, merge_metrics
 from bidirl.engines.train_batch import GradChunk, TrainSample
 from bidirl.engines.trainer_config import from_wire
 from bidirl.engines.trainer_torch import TorchTrainer
@@ -24,24 +25,25 @@ class TrainerRole:
     def __init__(self, model_dir: str, config: dict[str, Any] | None = None, threads: int = 1,
                  weights: dict | None = None, version: int = 0, process_group=None) -> None:
         """``config`` is ``trainer_wire(...)``'s dict; ``threads`` is the worker's own setting."""
-        cfg, device, seed = from_wire(config or {}, threads)
-        self.trainer = TorchTrainer(model_dir, cfg, process_group=process_group, device=device, seed=seed)
+        cfg, algorithm, device, seed = from_wire(config or {}, threads)
+        self.trainer = TorchTrainer(model_dir, cfg, process_group=process_group, device=device, seed=seed,
+                                    algorithm=algorithm)
         require_finite(self.trainer.params, f"model {model_dir}")  # NaN in: every step would be skipped
         if weights is not None:
             self.trainer.set_weights_numpy(weights, version)
 
-    def compute_chunk_ref(self, microbatches: list[list[dict]], total_tokens: int
+    def compute_chunk_ref(self, microbatches: list[list[dict]], totals: StepTotals
                           ) -> tuple[GradChunk, list[tuple[int, int, float]]]:
-        """Gradients of explicit micro-batches (lists of sample dicts), in order."""
+        """Gradients of explicit micro-batches (lists of sample dicts), in order, every loss
+        divided by the whole step's ``totals`` (response tokens, sequences)."""
         grads, metrics, timings = [], {}, []
         for mb in microbatches:
             ts = [TrainSample(**s) for s in mb]
             t0 = time.perf_counter()
-            part = self.trainer.compute_chunk_grads([ts], total_tokens, per_microbatch=True)
+            part = self.trainer.compute_chunk_grads([ts], totals, per_microbatch=True)
             took = time.perf_counter() - t0
             grads += part.grads
-            for k, v in part.metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + v
+            merge_metrics(metrics, part.metrics)
             lens = [len(s.prompt_ids) + len(s.response_ids) for s in ts]
             # Features of the micro-batch model: tokens and attention-weighted length.
             timings.append((sum(lens), sum(x * x for x in lens) / max(1, sum(lens)), took))

@@ -16,7 +16,10 @@ before the run's outputs are written.
 
 Outputs: ``val/score/mean`` (and ``max``, ``min``), veRL's
 ``val-core/<data_source>/reward/mean@1``, ``val-aux/<data_source>/<key>/mean@1`` for a dict
-reward's extra keys, ``val/response_length/mean``, ``val/bad_count`` and ``timing_s/val``,
+reward's extra keys, ``val/response_length/mean``, ``val/bad_count`` and ``timing_s/val``;
+``val/distinct`` (different response texts) and ``val/mode_share`` (the share of the most
+common one: a policy collapsed to one answer scores what that answer scores, and shows
+here first; the progress line flags a share over half),
 logged with ``step`` = the version; and the first ``run.val_samples`` responses in
 ``samples.jsonl``.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,9 +66,10 @@ def score_validation(vs: ValSet, out: dict, reward_fn, decode: Callable[[list[in
     naming the validation row) or 0, counted in ``val/bad_count``.
     """
     policy = getattr(reward_fn, "on_bad_reward", "error")
-    scores, by_source, extras, bad, samples = [], {}, {}, 0, []
+    scores, by_source, extras, bad, samples, texts = [], {}, {}, 0, [], Counter()
     for i, (row, ids) in enumerate(zip(vs.rows, out["responses"], strict=True)):
         text = decode(ids)
+        texts[text] += 1
         value, raw = call_reward(reward_fn, row.data_source, text, row.ground_truth, row.extra_info)
         if value is None:
             if policy != "zero":
@@ -91,7 +96,9 @@ def score_validation(vs: ValSet, out: dict, reward_fn, decode: Callable[[list[in
          "val/response_length/mean": statistics.fmean(lengths) if lengths else 0.0,
          "val/response_length/clip_ratio": (sum(n >= vs.max_new_tokens for n in lengths) / len(lengths)
                                             if lengths else 0.0),
-         "val/prompts": len(scores), "timing_s/val": float(out.get("seconds", 0.0))}
+         "val/prompts": len(scores), "timing_s/val": float(out.get("seconds", 0.0)),
+         "val/distinct": len(texts),
+         "val/mode_share": texts.most_common(1)[0][1] / len(scores) if scores else 0.0}
     for source, vals in by_source.items():
         m[f"val-core/{source}/reward/mean@1"] = statistics.fmean(vals)
     for (source, k), vals in extras.items():

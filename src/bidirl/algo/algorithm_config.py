@@ -1,0 +1,81 @@
+"""The train config's ``algorithm`` section: which advantage, loss and corrections a run trains with.
+
+Torch-free, like ``engines/trainer_config.py``, so the config loader and ``bidirl train
+--help`` need no torch.  The defaults are what bidirl trained before these choices
+existed, bit for bit: group-normalised advantages (``grpo``), the clipped token ratio
+against the behaviour log-probs (``vanilla``), token-mean over the whole step, the k3 KL
+when ``trainer.kl_coef`` > 0, no entropy bonus, no importance weights, no length penalty.
+
+Who reads what: the train driver the advantage fields (``runtime/train_driver.py``), the
+group store the overlong buffer (``runtime/group_store.py``), the trainer the loss
+fields (``engines/trainer_torch.py``, sent with ``trainer_wire``).  The clip range and the
+KL weight stay the trainer's (``trainer.clip_eps_low`` / ``clip_eps_high``, veRL's
+``clip_ratio_low`` / ``clip_ratio_high``; ``trainer.kl_coef``, veRL's ``kl_loss_coef``).
+None of these fields is resume-safe: each changes what the next updates compute.
+docs/algorithm.md gives every formula and the peers' names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bidirl.algo.registry import ADV_ESTIMATORS, KL_LOSS_TYPES, LOSS_AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS
+from bidirl.core.typed_config import check_fields, option, section
+
+
+@dataclass(frozen=True)
+class RolloutCorrection:
+    """Off-policy correction (veRL's ``algorithm.rollout_correction``, decoupled mode)."""
+
+    rollout_is: str | None = option(
+        None, "truncated importance weights min(pi_prox / pi_behaviour, threshold) on the policy loss, per "
+        "token or sequence, the clip against the trainer's weights before the step (decoupled); null: none, "
+        "the clip against the behaviour log-probs", choices=ROLLOUT_IS_LEVELS)
+    rollout_is_threshold: float = option(2.0, "the cap of the importance weights (TIS)", gt=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class OverlongBuffer:
+    """DAPO's soft overlong punishment (veRL's ``reward_model.overlong_buffer``)."""
+
+    enable: bool = option(False, "add min(0, -(length - (cap - len)) / len * penalty_factor) to each "
+                          "training reward (cap: the response's token cap); validation is not shaped")
+    len: int | None = option(None, "the buffer: the last this many tokens below the cap are penalised "
+                             "linearly (needed with enable)", ge=1)
+    penalty_factor: float = option(1.0, "the penalty at the cap", ge=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Advantage estimator, policy loss, aggregation, KL, entropy, off-policy correction, shaping."""
+
+    adv_estimator: str = option("grpo", "advantage of each response from its group's rewards",
+                                choices=ADV_ESTIMATORS)
+    norm_adv_by_std_in_grpo: bool = option(True, "grpo: divide by the group's std; false: Dr.GRPO's "
+                                           "mean-centred rewards")
+    policy_loss: str = option("vanilla", "vanilla: the clipped token ratio; gspo: the clipped "
+                              "sequence ratio (geometric mean of the token ratios)", choices=POLICY_LOSSES)
+    loss_agg_mode: str = option("token-mean", "token losses to the step's loss, over the whole step "
+                                "(all micro-batches, ranks and chunks)", choices=LOSS_AGG_MODES)
+    loss_scale_factor: int | None = option(
+        None, "seq-mean-token-sum-norm's constant length; null: rollout.max_new_tokens", ge=1)
+    use_kl_loss: bool = option(True, "the KL term is on when trainer.kl_coef > 0 (veRL's use_kl_loss, "
+                               "whose default is false); false: off whatever kl_coef")
+    kl_loss_type: str = option("k3", "the KL estimator: k3 (unclamped), low_var_kl (k3 clamped as veRL's "
+                               "k3), k1 / kl, k2 / mse, abs", choices=KL_LOSS_TYPES)
+    entropy_coeff: float = option(0.0, "entropy bonus: the loss minus this times the aggregated entropy", ge=0)
+    rollout_correction: RolloutCorrection = section(RolloutCorrection, "off-policy correction")
+    overlong_buffer: OverlongBuffer = section(OverlongBuffer, "DAPO's overlong reward shaping")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def kl_on(self, kl_coef: float) -> bool:
+        """Whether the loss has a KL term (and the trainer a frozen reference model)."""
+        return self.use_kl_loss and kl_coef > 0

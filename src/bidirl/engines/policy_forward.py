@@ -1,0 +1,63 @@
+"""The trainer's forward passes and the loss settings it hands the objective.
+
+Split from ``trainer_torch`` so that the trainer module holds the optimizer and the
+gradient arithmetic: here are the log-probs of a collated batch under the trained model
+(with the entropy as a metric, or with its gradient for an entropy bonus), under the
+frozen reference model, and the :class:`~bidirl.algo.objective.LossSettings` read from
+the trainer's and the algorithm's config.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from bidirl.algo.algorithm_config import AlgorithmConfig
+from bidirl.algo.grpo import token_logprobs
+from bidirl.algo.objective import LossSettings
+from bidirl.algo.policy_loss import token_entropy
+from bidirl.engines.train_batch import Collated
+from bidirl.engines.trainer_config import TrainerConfig
+
+EntropyMode = Literal["none", "metric", "grad"]
+
+
+def forward_logp(model, batch: Collated, entropy: EntropyMode = "metric"
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token log-probs (with gradient) and the policy's entropy at each position.
+
+    ``metric``: the entropy without gradient, one sequence at a time, so it adds a
+    (length x vocab) temporary, not a (batch x length x vocab) one; ``grad``: with its
+    gradient (an entropy bonus needs it), over the whole batch; ``none``: not computed.
+    """
+    logits_B_L_V = model(input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,
+                         use_cache=False).logits
+    logits_B_T_V = logits_B_L_V[:, :-1]
+    logp_B_T = token_logprobs(logits_B_T_V, batch.targets_B_T)
+    if entropy == "none":
+        return logp_B_T, None
+    if entropy == "grad":
+        return logp_B_T, token_entropy(logits_B_T_V)
+    with torch.no_grad():
+        entropy_B_T = torch.stack([token_entropy(logits_B_T_V[b].detach()) for b in range(logits_B_T_V.shape[0])])
+    return logp_B_T, entropy_B_T
+
+
+@torch.no_grad()
+def reference_logp(ref_model, batch: Collated) -> torch.Tensor:
+    """Token log-probs under the frozen reference (initial) model."""
+    logits_B_L_V = ref_model(input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,
+                             use_cache=False).logits
+    return token_logprobs(logits_B_L_V[:, :-1], batch.targets_B_T)
+
+
+def loss_settings(config: TrainerConfig, algorithm: AlgorithmConfig) -> LossSettings:
+    """The objective's settings: the clip range and KL weight are the trainer's, the rest the algorithm's."""
+    rc = algorithm.rollout_correction
+    return LossSettings(
+        policy_loss=algorithm.policy_loss, loss_agg_mode=algorithm.loss_agg_mode,
+        loss_scale_factor=algorithm.loss_scale_factor, clip_eps_low=config.clip_eps_low,
+        clip_eps_high=config.clip_eps_high, kl_coef=config.kl_coef if algorithm.kl_on(config.kl_coef) else 0.0,
+        kl_loss_type=algorithm.kl_loss_type, entropy_coeff=algorithm.entropy_coeff, rollout_is=rc.rollout_is,
+        rollout_is_threshold=rc.rollout_is_threshold)
