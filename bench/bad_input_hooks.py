@@ -252,10 +252,12 @@ def nothing_left(d: Path, stderr: str) -> str | None:
 
 
 def sigterm_line_and_nothing_left(d: Path, stderr: str) -> str | None:
-    """After SIGTERM: one bidirl line last (none of Ray's C++ stack dump), nothing left."""
+    """After SIGTERM: one bidirl line last (none of Ray's C++ stack dump), nothing left. The
+    line is the start-up's (still starting at 4 s) or the loop's (a quiet machine may be in it:
+    it stops at the first step boundary)."""
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     last = lines[-1] if lines else ""
-    if not last.startswith("[bidirl] SIGTERM: stopped"):
+    if not last.startswith(("[bidirl] SIGTERM: stopped", "[bidirl] stopped at step 0 by SIGTERM")):
         return f"last line: {last!r}"
     if "SIGTERM received" in stderr or "logging.cc" in stderr:
         return "Ray's stack dump reached stderr"
