@@ -173,3 +173,17 @@ def test_a_reward_fn_with_its_guard_pickles():
     fn.guard.call(lambda: 1.0)
     back = pickle.loads(pickle.dumps(fn))
     assert back.guard.timeout_s == 3.0 and back.guard.stats.calls == 1 and back.guard.call(lambda: 2.0) == (True, 2.0)
+
+
+def test_a_nan_reward_by_default_is_one_line_naming_the_group_prompt_and_response(tmp_path):
+    """What the CLI prints for it (one ``bidirl train: error:`` line, exit 2) is the message
+    of this error: the driver's loop raises it and the CLI reports user errors in one line
+    (end to end: ``test_reward_guards_e2e.py``'s all-bad run takes the same way out)."""
+    fn = _reward(tmp_path, "    return float('nan') if solution_str == 'answer 11' else 1.0\n", name="nan_reward.py")
+    with pytest.raises(BadRewardError) as info:
+        _store().score(7, fn, _decode)
+    msg = str(info.value)
+    assert "\n" not in msg
+    for part in ("returned nan", "group 7", "prompt uid e0p7", "data_source 'add'", "response 1",
+                 "data.on_bad_reward=zero"):
+        assert part in msg, (part, msg)
