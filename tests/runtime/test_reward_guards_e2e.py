@@ -4,9 +4,9 @@ With ``data.on_bad_reward=zero``, a reward that returns NaN for some responses a
 (abandoned after ``data.reward_timeout_s``) is scored 0 while the run trains to the end,
 counts the bad rewards, shows the slow call on the progress line and writes a finite
 checkpoint; a reward bad for every response stops the run after its first step with one
-line and exit status 2, instead of training on zeros and exiting 0 (the one-line way out every ``BadRewardError`` takes; what
-the line says for a NaN under the default ``error``: ``test_reward_call.py``). One run each:
-a Ray + vLLM start-up is most of a test.
+line and exit status 2, instead of training on zeros and exiting 0 (the one-line way out
+every ``BadRewardError`` takes; what the line says for a NaN under the default ``error``:
+``test_reward_call.py``). One run each: a Ray + vLLM start-up is most of a test.
 """
 
 from __future__ import annotations
