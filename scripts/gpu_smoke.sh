@@ -17,7 +17,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_USAGE_STATS_ENABLED=0
 MODEL="$OUT/qwen2.5-0.5b-shape-random"
 "$PY" - "$MODEL" <<'PY'
 import sys
-from bidirl.algo.tiny_model import build_tiny_model
+from bidirl.models.tiny import build_tiny_model
 build_tiny_model(sys.argv[1], layers=24, hidden=896, heads=14, kv_heads=2, seed=0)
 print("model:", sys.argv[1])
 PY
