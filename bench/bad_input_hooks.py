@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.measure import ROOT, run_env
+from bidirl.runtime.leftovers import MARK_VAR, OWNER
 
 LEFTOVER_WAIT_S = 20.0
 """How long a check waits for a run's directory and processes to go (Ray's agents take a moment)."""
@@ -171,25 +172,30 @@ def fell_back_and_finished(steps: int) -> Callable[[Path, str], str | None]:
 
 
 # -- the run's private Ray directory, and what is left of it --------------------------------------------
-def _private_dir_of(pid: int) -> str | None:
+def private_dir_of(pid: int) -> str | None:
+    """The private Ray directory whose owner is ``pid``, if there is one now."""
     for path in glob.glob("/tmp/bidirl-ray-*"):
         try:
-            if Path(path, "owner").read_text().split()[0] == str(pid):
+            if Path(path, OWNER).read_text().split()[0] == str(pid):
                 return path
         except (OSError, IndexError):
             continue
     return None
 
 
-def _marked(directory: str) -> list[int]:
-    """Every process carrying the mark (``BIDIRL_RAY_DIR``) of ``directory``."""
-    needle, out = f"BIDIRL_RAY_DIR={directory}".encode(), []
+def marked(directory: str) -> list[tuple[int, str, str]]:
+    """(pid, command line, TMPDIR) of every process carrying the mark (``BIDIRL_RAY_DIR``) of
+    ``directory``."""
+    needle, out = f"{MARK_VAR}={directory}".encode(), []
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
-            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                out.append(int(pid))
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
+        if needle in env:
+            tmpdir = next((e[7:].decode() for e in env if e.startswith(b"TMPDIR=")), "")
+            out.append((int(pid), cmd, tmpdir))
     return out
 
 
@@ -197,7 +203,8 @@ def _vllm_dist_files() -> set[str]:
     return set(glob.glob("/tmp/vllm_dist_*"))
 
 
-def _wait(cond: Callable[[], object], proc: subprocess.Popen, timeout: float) -> object:
+def wait_for(cond: Callable[[], object], proc: subprocess.Popen, timeout: float = 300.0) -> object:
+    """``cond()`` once it is true, or when ``proc`` has ended or ``timeout`` s have passed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         got = cond()
@@ -211,7 +218,7 @@ def note_private_dir(proc: subprocess.Popen, d: Path, timeout: float = 60.0) -> 
     """A ``during`` hook: wait for the run's private Ray directory and note it (and the
     ``/tmp/vllm_dist_*`` files there were) for :func:`nothing_left`."""
     before = sorted(_vllm_dist_files())
-    found = _wait(lambda: _private_dir_of(proc.pid), proc, timeout)
+    found = wait_for(lambda: private_dir_of(proc.pid), proc, timeout)
     log(d, "ray_dir").write_text(json.dumps({"dir": found, "vllm_dist_before": before}))
     return found  # type: ignore[return-value]
 
@@ -229,7 +236,7 @@ def sigterm_at(seconds: float) -> Callable[[subprocess.Popen, Path], None]:
 def kill_when_workers_up(proc: subprocess.Popen, d: Path) -> None:
     """A ``during`` hook: SIGKILL to the driver (only it) once its workers are up."""
     note_private_dir(proc, d)
-    if not _wait(lambda: "workers up" in _stderr(d), proc, 600):
+    if not wait_for(lambda: "workers up" in _stderr(d), proc, 600):
         return  # ended or stuck before: the exit status tells
     proc.kill()
 
@@ -243,7 +250,7 @@ def nothing_left(d: Path, stderr: str) -> str | None:
         return "no private Ray directory of the run was seen"
     deadline = time.monotonic() + LEFTOVER_WAIT_S
     while True:
-        left = ([directory] if os.path.exists(directory) else []) + [f"process {p}" for p in _marked(directory)]
+        left = ([directory] if os.path.exists(directory) else []) + [f"process {p}" for p, _, _ in marked(directory)]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.5)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from runtime_cli_helpers import ROOT, SMALL, bidirl_cmd, run_cli
 
-from bidirl.runtime.leftovers import MARK_VAR, OWNER
+from bench.bad_input_hooks import marked, private_dir_of, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -28,52 +28,16 @@ ARGS = [*SMALL, "cluster.prewarm=false", "run.tensorboard=false", "run.plot=fals
 ENV = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
 
 
-def _dir_of(pid: int) -> str | None:
-    """The private Ray directory whose owner is ``pid``, if there is one now."""
-    for d in glob.glob("/tmp/bidirl-ray-*"):
-        try:
-            if Path(d, OWNER).read_text().split()[0] == str(pid):
-                return d
-        except (OSError, IndexError):
-            continue
-    return None
-
-
-def _marked(d: str) -> list[tuple[int, str, str]]:
-    """(pid, command line, TMPDIR) of every process carrying the mark of directory ``d``."""
-    needle, out = f"{MARK_VAR}={d}".encode(), []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in env:
-            tmpdir = next((e[7:].decode() for e in env if e.startswith(b"TMPDIR=")), "")
-            out.append((int(pid), cmd, tmpdir))
-    return out
-
-
 def _start(run: Path, err: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(bidirl_cmd("train", "--run-dir", str(run), *ARGS, *extra), cwd=ROOT, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=err.open("w"), start_new_session=True)
-
-
-def _wait_for(cond, proc: subprocess.Popen, timeout: float = 300.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.2)
-    return cond()
 
 
 def _gone(d: str, timeout: float = 20.0) -> list:
     """What is left of directory ``d``'s run after ``timeout`` s at most: [] when nothing."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        left = ([d] if os.path.exists(d) else []) + _marked(d)
+        left = ([d] if os.path.exists(d) else []) + marked(d)
         if not left:
             return []
         time.sleep(0.5)
@@ -86,7 +50,7 @@ def test_nothing_is_left_after_a_sigterm_a_sigkill_and_a_normal_run(tmp_path, re
     t0 = time.time()
     proc = _start(tmp_path / "run1", err, "run.steps=3")
     try:
-        mine = _wait_for(lambda: _dir_of(proc.pid), proc, timeout=30)
+        mine = wait_for(lambda: private_dir_of(proc.pid), proc, timeout=30)
         time.sleep(max(0.0, t0 + 4.0 - time.time()))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 143
@@ -108,9 +72,9 @@ def test_nothing_is_left_after_a_sigterm_a_sigkill_and_a_normal_run(tmp_path, re
     err = tmp_path / "sigkill.txt"
     proc = _start(tmp_path / "run2", err, "run.steps=50")
     try:
-        mine = _wait_for(lambda: _dir_of(proc.pid), proc, timeout=30)
-        assert _wait_for(lambda: "workers up" in err.read_text(), proc), err.read_text()[-3000:]
-        workers = [(pid, tmpdir) for pid, cmd, tmpdir in _marked(mine) if "DeviceWorker" in cmd]
+        mine = wait_for(lambda: private_dir_of(proc.pid), proc, timeout=30)
+        assert wait_for(lambda: "workers up" in err.read_text(), proc), err.read_text()[-3000:]
+        workers = [(pid, tmpdir) for pid, cmd, tmpdir in marked(mine) if "DeviceWorker" in cmd]
         assert workers and all(t == os.path.join(mine, "t") for _, t in workers), workers
         assert glob.glob(os.path.join(mine, "t", "vllm_dist_*")), "vLLM's rendezvous file is the run's"
     finally:
@@ -127,7 +91,7 @@ def test_nothing_is_left_after_a_sigterm_a_sigkill_and_a_normal_run(tmp_path, re
     err = tmp_path / "normal.txt"
     proc = _start(tmp_path / "run3", err, "run.steps=2")
     try:
-        mine = _wait_for(lambda: _dir_of(proc.pid), proc, timeout=30)
+        mine = wait_for(lambda: private_dir_of(proc.pid), proc, timeout=30)
         assert proc.wait(timeout=400) == 0, err.read_text()[-3000:]
     finally:
         if proc.poll() is None:
