@@ -6,7 +6,7 @@
 - A weight sync into a tied model (Qwen2.5-shaped: ``lm_head`` is ``embed_tokens``, the
   trainer ships the embedding alone) and an untied one (Llama-shaped) leaves vLLM computing
   exactly what the HF model with those weights computes.
-- The head sizes ``prepare.check_model_shape`` accepts on a CPU are vLLM's own.
+- The head sizes ``model_check.cpu_head_sizes`` reads (``prepare.check_model_shape``) are vLLM's own.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def _finish(role):
 def test_cpu_head_sizes_are_vllms():
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from bidirl.runtime.prepare import CPU_HEAD_SIZES
+    from bidirl.runtime.model_check import cpu_head_sizes
 
-    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == cpu_head_sizes()
 
 
 @pytest.fixture(scope="module")

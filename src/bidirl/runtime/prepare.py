@@ -25,6 +25,7 @@ from bidirl.models.tiny import build_tiny_model, encode_prompt
 from bidirl.models.warm_start import warm_start
 from bidirl.runtime.config import ConfigError, TrainConfig
 from bidirl.runtime.group_store import BadRewardError, GroupStore, RewardFn, call_reward, describe_bad_reward
+from bidirl.runtime.model_check import check_model_dir, cpu_head_sizes
 from bidirl.runtime.validation import BUILTIN_VAL_ROWS, ValSet
 
 MODELS_CACHE = Path(os.environ.get("BIDIRL_CACHE", Path.home() / ".cache" / "bidirl")) / "models"
@@ -156,47 +157,31 @@ def model_context(model_dir: str | Path | None) -> int | None:
     return int(mpe * max(1.0, float(factor))) if isinstance(factor, int | float) else mpe
 
 
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""Head sizes vLLM 0.32's CPU attention runs (``CPUAttentionBackend.get_supported_head_sizes``;
-``tests/runtime/test_real_models.py`` checks the two agree)."""
 TINY_HEADS = 4
 """Attention heads of bidirl's tiny model (``build_tiny_model``'s default)."""
 
 
 def check_model_shape(cfg: TrainConfig) -> None:
-    """``ConfigError`` for a model vLLM cannot run on ``cluster.device``, before anything starts.
+    """``ConfigError`` for a model the run cannot use on ``cluster.device``, before anything starts.
 
-    Without it a model whose attention head size vLLM's CPU backend lacks (16, say) dies with
-    a raw traceback from inside a worker after the whole start-up.  Reads ``config.json``
-    only (no torch, no vLLM).  On CUDA vLLM has a backend for every head size.
+    A ``model.path`` directory is checked whole by ``model_check.check_model_dir`` (architecture,
+    head shapes, dtype, vocabulary); the tiny model bidirl builds is checked here, by its
+    ``model.tiny_hidden``: without it a head size vLLM's CPU attention lacks (16, say) dies with a
+    raw traceback from inside a worker after the whole start-up.  Reads no weights, imports no
+    torch or vLLM.
     """
-    if cfg.model.path is None:
-        hidden = cfg.model.tiny_hidden
-        if hidden % TINY_HEADS:
-            raise ConfigError(f"model.tiny_hidden: must be a multiple of {TINY_HEADS} (the tiny model's "
-                              f"attention heads), got {hidden}")
-        head_dim, field, where = hidden // TINY_HEADS, "model.tiny_hidden", f"tiny_hidden {hidden} / {TINY_HEADS} heads"
-    else:
-        path = Path(cfg.model.path) / "config.json"
-        try:
-            hf = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"model.path: {path} is {'missing' if isinstance(e, OSError) else 'not JSON'}; "
-                              "a Hugging Face model directory has a config.json") from None
-        if isinstance(hf.get("text_config"), dict) and "num_attention_heads" not in hf:
-            hf = hf["text_config"]
-        try:
-            heads = int(hf["num_attention_heads"])
-            head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // heads)
-        except (KeyError, TypeError, ValueError, ZeroDivisionError):
-            return  # an architecture this check does not know: vLLM decides
-        field = "model.path"
-        where = (f"head_dim {hf['head_dim']}" if hf.get("head_dim") else
-                 f"hidden_size {hf.get('hidden_size')} / num_attention_heads {heads}") + f" in {path}"
-    if cfg.cluster.device == "cpu" and head_dim not in CPU_HEAD_SIZES:
-        raise ConfigError(f"{field}: attention head size {head_dim} ({where}) is not one vLLM's CPU attention "
-                          f"runs ({', '.join(map(str, CPU_HEAD_SIZES))}); use a model with one of them, "
-                          f"or cluster.device=cuda")
+    if cfg.model.path is not None:
+        check_model_dir(cfg.model.path, device=cfg.cluster.device)
+        return
+    hidden = cfg.model.tiny_hidden
+    if hidden % TINY_HEADS:
+        raise ConfigError(f"model.tiny_hidden: must be a multiple of {TINY_HEADS} (the tiny model's "
+                          f"attention heads), got {hidden}")
+    head_dim, sizes = hidden // TINY_HEADS, cpu_head_sizes() if cfg.cluster.device == "cpu" else None
+    if sizes and head_dim not in sizes:
+        raise ConfigError(f"model.tiny_hidden: attention head size {head_dim} (tiny_hidden {hidden} / {TINY_HEADS} "
+                          f"heads) is not one vLLM's CPU attention runs ({', '.join(map(str, sizes))}); use a "
+                          f"tiny_hidden {TINY_HEADS} times one of them, or cluster.device=cuda")
 
 
 def _within_limit(cfg: TrainConfig, rows: list, tok, source: str, what: str,

@@ -71,7 +71,6 @@ from bidirl.runtime.config import TrainConfig
 from bidirl.runtime.executor import Job
 from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.launch import node_lost, start_executor, worker_settings
-from bidirl.runtime.model_check import check_model_dir
 from bidirl.runtime.placement import check_machine_fits, place
 from bidirl.runtime.prepare import (
     PromptLengths,
@@ -149,8 +148,7 @@ class TrainSession:
     def run(self) -> dict:
         cfg = self.cfg
         check_machine_fits(cfg, ray_address=self.ray_address)  # before any data, model or Ray set-up
-        check_model_dir(cfg.model.path, device=cfg.cluster.device)
-        check_model_shape(cfg)
+        check_model_shape(cfg)  # model.path's whole directory (model_check), or the tiny model's heads
         ckpt, state = self.prepare_resume() if self.resume else (None, None)
         if self.resume and self.start_step >= cfg.run.steps:
             print(f"[bidirl] this run is finished ({cfg.run.steps} steps, checkpoint {ckpt}); nothing to train",
