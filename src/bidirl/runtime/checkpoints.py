@@ -31,6 +31,7 @@ import os
 import shutil
 import struct
 import sys
+import tempfile
 import time
 import zipfile
 from dataclasses import asdict
@@ -264,9 +265,6 @@ def _boundary_state(next_step: int, ex, store, cursor, rewards_by_step: dict[int
 def _copy_dir(src: Path, dst: Path, link: bool) -> None:
     """Files of ``src`` into a fresh ``dst`` (hard links where ``link`` and the file system
     allows: no second copy of the weights), written beside it and renamed into place."""
-    import shutil
-    import tempfile
-
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     try:
