@@ -1,7 +1,7 @@
-"""A representative subset of the bad-input table (``python -m bench.bad_inputs``): each case
+"""A representative subset of the bad-input table (``python -m audit.bad_inputs``): each case
 fails before any worker starts, with exit status 2 and a one-line message naming the field.
 
-The same cases and the same classification as the bench (``bench/bad_input_cases.py``),
+The same cases and the same classification as the bench (``audit/bad_input_cases.py``),
 run as ``python -m bidirl.cli`` subprocesses: one of every kind (config field, YAML file,
 data file, reward file, scenario, flag, resume), each under a second or two.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bad_input_cases import FAST, OK_CLASSES, cases, classify, make_fixtures, run_case
+from audit.bad_input_cases import FAST, OK_CLASSES, cases, classify, make_fixtures, run_case
 
 SUBSET = cases(FAST)
 

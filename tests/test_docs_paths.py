@@ -3,7 +3,7 @@
 Scans ``docs/*.md`` and ``README.md`` for backticked paths and checks that each file is
 there, so a module that moves or goes cannot leave a page pointing at nothing.  A path is
 checked when it starts with a source package (``runtime/train.py``, resolved under
-``src/bidirl/``) or a folder of the repository (``src/``, ``bench/``, ``tests/``,
+``src/bidirl/``) or a folder of the repository (``src/``, ``bench/``, ``audit/``, ``tests/``,
 ``scripts/``, ``docs/``) and names a ``.py``, ``.md`` or ``.sh`` file, a folder (a trailing
 ``/``), or a module's member (``runtime/prepare.fit_prompts``: the file part,
 ``prepare.py``).  What follows a colon (``mod.py:func``) is not checked.  Other backticked
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "bidirl"
-REPO_DIRS = ("src", "bench", "tests", "scripts", "docs")
+REPO_DIRS = ("src", "bench", "audit", "tests", "scripts", "docs")
 PACKAGES = tuple(sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_")))
 
 CODE = re.compile(r"`([^`\n]+)`")

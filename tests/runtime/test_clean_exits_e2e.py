@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from runtime_cli_helpers import ROOT, SMALL, bidirl_cmd, run_cli
 
-from bench.bad_input_hooks import marked, private_dir_of, wait_for
+from audit.bad_input_hooks import marked, private_dir_of, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """The bad-input cases that need more than one command line: issue 43's faults.
 
-``bench/bad_input_cases.py`` runs each case as one ``bidirl`` subprocess; the cases here add
-what happens around it, through the hooks a :class:`~bench.bad_input_cases.Case` takes:
+``audit/bad_input_cases.py`` runs each case as one ``bidirl`` subprocess; the cases here add
+what happens around it, through the hooks a :class:`~audit.bad_input_cases.Case` takes:
 
 - set-ups (``setup``): model directories bidirl cannot use, built locally (nothing is
   downloaded: a config.json, and for the small-vocabulary one bidirl's own tiny tokenizer);

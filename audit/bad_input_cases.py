@@ -15,12 +15,12 @@ with a timeout in a directory of its own, then classified:
                without the expected effect, an error with an effect it must not have (a
                ``check`` of an error case: e.g. Ray imported), or a set-up that failed.
 
-``python -m bench.bad_inputs`` runs every case and prints the table (BENCHMARKS.md, "Bad
+``python -m audit.bad_inputs`` runs every case and prints the table (BENCHMARKS.md, "Bad
 inputs"); ``tests/test_bad_inputs.py`` runs a fast subset (``FAST``).  A new case is one more
 ``Case`` in ``CASES``.  Cases with ``run=True`` start workers and train (minutes each on two
 cores); every other case fails before any worker starts.  Issue 43's faults (a damaged
 checkpoint, unusable model directories, signals, a killed driver) use the set-ups, in-run
-actions and checks of ``bench/bad_input_hooks.py``.
+actions and checks of ``audit/bad_input_hooks.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import bad_input_hooks as hooks
+from audit import bad_input_hooks as hooks
 from bench.measure import ROOT
 
 OK_CLASSES = ("clean", "correct")
@@ -61,7 +61,7 @@ class Case:
     check: Callable[[Path, str], str | None] | None = None
     """(case directory, stderr) -> what is missing (for ``ok``) or wrong (for ``error``), or None."""
     run: bool = False
-    """Starts workers (only with ``python -m bench.bad_inputs --with-runs``)."""
+    """Starts workers (only with ``python -m audit.bad_inputs --with-runs``)."""
     area: str = ""
     status: int = 0
     """For ``ok``: the exit status expected (143 after a SIGTERM, -9 for a driver killed so)."""

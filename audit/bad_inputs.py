@@ -2,13 +2,13 @@
 
 BENCHMARKS.md, "Bad inputs":
 
-    .venv/bin/python -m bench.bad_inputs --with-runs   # every case, the latest table
-    .venv/bin/python -m bench.bad_inputs               # the cases that fail before workers start
-    .venv/bin/python -m bench.bad_inputs -k reward     # only cases whose name contains "reward"
+    .venv/bin/python -m audit.bad_inputs --with-runs   # every case, the latest table
+    .venv/bin/python -m audit.bad_inputs               # the cases that fail before workers start
+    .venv/bin/python -m audit.bad_inputs -k reward     # only cases whose name contains "reward"
 
-Every case (``bench/bad_input_cases.py``; add one there) is one ``python -m bidirl.cli ...``
+Every case (``audit/bad_input_cases.py``; add one there) is one ``python -m bidirl.cli ...``
 subprocess with a timeout (some with a set-up, an action while it runs such as a signal, and a
-check after: ``bench/bad_input_hooks.py``), classified as a clean error (exit 2, a one-line
+check after: ``audit/bad_input_hooks.py``), classified as a clean error (exit 2, a one-line
 message naming the field, no traceback), correct behaviour (the exit status expected, 0 unless
 the case sends a signal, with the expected effect), vague (exit 2 without naming the field),
 traceback, hang or wrong. Prints the table, writes bench/results/bad_inputs.json (with the
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import bad_input_cases as bic
+from audit import bad_input_cases as bic
 from bench.measure import RESULTS, code_version, write_json
 
 
