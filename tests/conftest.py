@@ -48,6 +48,15 @@ def llama_dir(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("models") / "llama-3.1-8b-small", "llama-3.1-8b", small=True)
 
 
+@pytest.fixture(scope="session")
+def tiny_vl_dir(tmp_path_factory):
+    """A tiny SmolVLM-shaped (Idefics3) directory with its PIL processor (``models/tiny_vl.py``)."""
+    pytest.importorskip("transformers")
+    from bidirl.models.tiny_vl import build_tiny_vl_model
+
+    return build_tiny_vl_model(tmp_path_factory.mktemp("models") / "tiny-vl")
+
+
 def pytest_collection_modifyitems(config, items):
     if any("gpu" in item.keywords for item in items) and not _has_cuda():
         skip = pytest.mark.skip(reason="needs a CUDA device")
