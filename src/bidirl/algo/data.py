@@ -172,6 +172,13 @@ def _bad_utf8_cell(path: Path, table) -> DataError:
 def load_dataset(path: str | Path) -> list[PromptRow]:
     """Load and validate every row of a ``.parquet``, ``.jsonl`` or ``.json`` (JSON lines) file."""
     path = Path(path)
+    return [validate_row(rec, path, i) for i, rec in enumerate(read_records(path))]
+
+
+def read_records(path: str | Path) -> list[Any]:
+    """The raw records of a ``.parquet``, ``.jsonl`` or ``.json`` (JSON lines) file, unvalidated
+    (``algo/multimodal.py`` reads image rows through it); an empty file is a :class:`DataError`."""
+    path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     suffix = path.suffix.lower()
@@ -183,7 +190,7 @@ def load_dataset(path: str | Path) -> list[PromptRow]:
         raise DataError(f"{path}: unknown dataset format {suffix!r}; allowed: .parquet, .jsonl, .json")
     if not records:
         raise DataError(f"{path}: dataset is empty; allowed: at least one row")
-    return [validate_row(rec, path, i) for i, rec in enumerate(records)]
+    return records
 
 
 def save_dataset(rows: Sequence[dict], path: str | Path) -> Path:

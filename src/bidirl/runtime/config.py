@@ -71,6 +71,13 @@ class DataConfig:
         "max_model_len is the longest kept prompt + rollout.max_new_tokens", ge=1)
     filter_overlong_prompts: bool = option(
         False, "drop (and count) rows longer than max_prompt_length; false: such a row is an error")
+    image_key: str = option("images", "the column of a row's images (veRL's data.image_key): a list of "
+                            "{'bytes': ...}, {'path': ...} or paths, one per <image> in the prompt")
+    max_image_pixels: int = option(
+        12_845_056, "largest image in pixels (width x height; Qwen-VL processors' max_pixels); a larger "
+        "one is an error naming its row, or its row is dropped with filter_oversized_images", ge=1)
+    filter_oversized_images: bool = option(
+        False, "drop (and count) rows with an image over max_image_pixels; false: such a row is an error")
     val_files: list[str] = option(default_factory=list, doc="validation .parquet / .jsonl files, the layout of "
                                   "data.files (key=a,b); empty with a built-in task: its split='test' rows",
                                   resume_safe=True)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bidirl.algo import tasks as task_lib
-from bidirl.algo.data import DataError, PromptCursor, load_dataset, load_reward_fn, validate_row
+from bidirl.algo.data import DataError, PromptCursor, load_reward_fn, validate_row
+from bidirl.algo.multimodal import image_prompt_lengths, load_prompt_rows, validate_image_row
 from bidirl.models.tiny import build_tiny_model, encode_prompt
 from bidirl.models.warm_start import warm_start
 from bidirl.runtime.config import ConfigError, TrainConfig
@@ -53,24 +54,56 @@ def prepare_data(cfg: TrainConfig):
     ``GroupStore.score`` applies) and has been tried once on the first row.
     """
     if cfg.data.files:
-        rows = [r for f in cfg.data.files for r in load_dataset(f)]
+        rows = load_files(cfg, cfg.data.files, "data")
     else:
         try:
             task = task_lib.get_task(cfg.data.task)
         except (KeyError, ValueError):
             raise ConfigError(f"data.task: {cfg.data.task!r} not allowed; one of "
                               f"{', '.join(task_lib.task_names())}") from None
-        rows = [validate_row(r, f"<task {task.name}>", i)
-                for i, r in enumerate(task.rows(4096, seed=cfg.data.seed))]
+        rows = [_task_row(cfg, r, f"<task {task.name}>", i) for i, r in enumerate(task.rows(4096, seed=cfg.data.seed))]
     if cfg.data.reward_fn:
         fn = load_reward_fn(cfg.data.reward_fn, cfg.data.reward_fn_name)
         name = f"{Path(cfg.data.reward_fn).name}:{cfg.data.reward_fn_name}"
     else:
         fn, name = task_lib.compute_score, "the built-in compute_score"
     reward_fn = RewardFn(fn, cfg.data.on_bad_reward, name, cfg.data.reward_timeout_s)
+    refuse_images(rows, "data")
     if rows:
         check_reward_fn(reward_fn, rows[0])
     return rows, reward_fn
+
+
+def load_files(cfg: TrainConfig, files, what: str) -> list:
+    """Every row of ``files``, images checked (``algo/multimodal.load_prompt_rows``): a row with
+    an image over ``data.max_image_pixels`` is an error, or dropped and counted with
+    ``data.filter_oversized_images``."""
+    rows, dropped = [], 0
+    for f in files:
+        loaded = load_prompt_rows(f, cfg.data.image_key, cfg.data.max_image_pixels, cfg.data.filter_oversized_images)
+        rows += loaded.rows
+        dropped += loaded.oversized
+    if dropped:
+        print(f"[bidirl] {what}: {dropped} rows with an image over data.max_image_pixels="
+              f"{cfg.data.max_image_pixels:,} dropped", file=sys.stderr)
+    return rows
+
+
+def _task_row(cfg: TrainConfig, raw: dict, source: str, i: int):
+    if cfg.data.image_key in raw:  # a visual task (algo/tasks_visual.py): its images checked as a file's
+        return validate_image_row(raw, source, i, cfg.data.image_key, cfg.data.max_image_pixels)
+    return validate_row(raw, source, i)
+
+
+def refuse_images(rows, what: str) -> None:
+    """``ConfigError`` for image rows, before anything starts: they load and are checked, but the
+    rollout and the trainer do not carry images yet (docs/runtime.md, "Images in the prompt")."""
+    n = sum(1 for r in rows if getattr(r, "images", ()))
+    if n:
+        first = next(r for r in rows if getattr(r, "images", ()))
+        raise ConfigError(f"{what}: {n} of {len(rows)} rows hold images (the first: {first.path} {first.label}); "
+                          "image rows load and are checked, but the rollout and the trainer do not carry images "
+                          "yet (docs/runtime.md, 'Images in the prompt')")
 
 
 def prepare_val_rows(cfg: TrainConfig) -> list:
@@ -80,13 +113,14 @@ def prepare_val_rows(cfg: TrainConfig) -> list:
         return []
     n = cfg.data.val_max_samples
     if cfg.data.val_files:
-        rows = [r for f in cfg.data.val_files for r in load_dataset(f)]
+        rows = load_files(cfg, cfg.data.val_files, "validation data")
+        refuse_images(rows, "validation data")
         return rows if n < 0 else rows[:n]
     if cfg.data.files:
         return []  # user data with no validation files: nothing to validate on
     task = task_lib.get_task(cfg.data.task)  # prepare_data has checked the name
     n = BUILTIN_VAL_ROWS if n < 0 else n
-    return [validate_row(r, f"<task {task.name}, split test>", i)
+    return [_task_row(cfg, r, f"<task {task.name}, split test>", i)
             for i, r in enumerate(task.rows(n, seed=cfg.data.seed, split="test"))]
 
 
@@ -118,8 +152,11 @@ def prompt_token_lengths(tok, rows) -> list[int]:
     Rendered and tokenized in batches (1.3-2x faster than one row at a time on 2 cores, and
     the tokenizer spreads a batch over every core); the first rows of each batch are checked
     against :func:`encode_prompt` and, should a tokenizer disagree, the batch is encoded one
-    row at a time instead.
+    row at a time instead.  Rows with images need the model's processor as ``tok``: their
+    placeholders count as the tokens they expand to (``algo/multimodal.image_prompt_lengths``).
     """
+    if any(getattr(r, "images", ()) for r in rows):
+        return image_prompt_lengths(tok, rows)
     lengths: list[int] = []
     for start in range(0, len(rows), _CHUNK):
         chunk = rows[start:start + _CHUNK]
