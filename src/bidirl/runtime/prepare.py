@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bidirl.algo import tasks as task_lib
+from bidirl.algo import tasks_visual  # noqa: F401  (registers the visual task "shapes" with task_lib)
 from bidirl.algo.data import DataError, PromptCursor, load_reward_fn, validate_row
 from bidirl.algo.multimodal import image_prompt_lengths, load_prompt_rows, validate_image_row
 from bidirl.models.tiny import build_tiny_model, encode_prompt
