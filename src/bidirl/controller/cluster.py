@@ -57,6 +57,9 @@ class ClusterSpec:
     # Reproducible mode (policy/reproducible.py): batch b is generated at exactly version
     # max(0, b - staleness), weights move at batch boundaries only.
     reproducible: bool = False
+    # Images in the prompt: the vision encoder's prior seconds per prompt prefilled on one
+    # replica (``perf/vision.vision_prefill_s``); 0: text prompts.
+    prompt_vision_s: float = 0.0
 
     def profiles(self) -> tuple[HardwareProfile, ModelProfile]:
         """The device and model profiles the priors are built from."""

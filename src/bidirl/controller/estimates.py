@@ -125,7 +125,8 @@ class Estimates:
         hw, m = spec.profiles()
         scale = spec.prior_scale
         self.spec = spec
-        self.rollout = RolloutStageModel(hw, m, spec.rollout_tp, scale)
+        self.rollout = RolloutStageModel(hw, m, spec.rollout_tp, scale, vision_s_per_prompt=spec.prompt_vision_s,
+                                         prompt_tokens=spec.prompt_tokens)
         self.train = TrainStageModel(hw, m, spec.train_tp, scale)
         self.aux = TrainStageModel(hw, m, spec.rollout_tp, scale)
         self.aux.micro = AuxMicroModel(self.aux.micro, self.train.micro, spec.train_tp / max(spec.rollout_tp, 1))

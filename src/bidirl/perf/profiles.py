@@ -86,7 +86,14 @@ class ModelProfile:
     head_dim: int
     vocab: int
     bytes_per_param: int = 2  # bf16
-    active_params: float = 0.0  # parameters one token runs through (mixture of experts); 0: params
+    active_params: float = 0.0  # parameters one token runs through (experts; a VL model's text part); 0: params
+    # A vision-language model's vision tower (0: none); ``perf/vision.py`` prices an image with them.
+    vision_params: float = 0.0  # the tower's parameters, counted in ``params``
+    vision_merger_params: float = 0.0  # of which the patch mergers, run once per merged token
+    vision_hidden: int = 0
+    vision_attention_layers: int = 0  # tower layers attending over the whole image (not windowed)
+    vision_patch: int = 0  # pixels per patch side
+    vision_merge: int = 1  # patches merged per side into one language-model token
 
     @property
     def weights_bytes(self) -> float:
@@ -115,6 +122,18 @@ MODELS: dict[str, ModelProfile] = {
         ModelProfile("Qwen2.5-7B", 7.62e9, 28, 3584, 28, 4, 128, 152064),
         ModelProfile("Qwen3-14B", 14.8e9, 40, 5120, 40, 8, 128, 151936),
         ModelProfile("Qwen3-32B", 32.8e9, 64, 5120, 64, 8, 128, 151936),
+        # Vision-language models: config.json of Qwen/Qwen3-VL-4B-Instruct and Qwen/Qwen2.5-VL-7B-Instruct.
+        # The text parts are Qwen3-4B's and Qwen2.5-7B's (active_params: what a text token runs
+        # through); the towers' parameters are counted by transformers on the meta device
+        # (Qwen3VLVisionModel: 24 blocks of hidden 1024, patch 16, 2 x 2 merge, 3 deepstack
+        # mergers; Qwen2_5_VisionTransformerPretrainedModel: 32 blocks of hidden 1280, patch 14,
+        # window attention except in 4 layers), the mergers' share from their shapes.
+        ModelProfile("Qwen3-VL-4B", 4.02e9 + 415_347_712, 36, 2560, 32, 8, 128, 151936, active_params=4.02e9,
+                     vision_params=415_347_712, vision_merger_params=109_105_152, vision_hidden=1024,
+                     vision_attention_layers=24, vision_patch=16, vision_merge=2),
+        ModelProfile("Qwen2.5-VL-7B", 7.62e9 + 676_550_144, 28, 3584, 28, 4, 128, 152064, active_params=7.62e9,
+                     vision_params=676_550_144, vision_merger_params=44_574_464, vision_hidden=1280,
+                     vision_attention_layers=4, vision_patch=14, vision_merge=2),
         # The model bidirl builds for CPU runs (2 layers, hidden 128, fp32).
         ModelProfile("tiny-qwen2", 0.5e6, 2, 128, 4, 2, 32, 64, bytes_per_param=4),
     )

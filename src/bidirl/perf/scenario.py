@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from bidirl.core.typed_config import build, option, section
 from bidirl.perf.profile_spec import HardwareSpec, ModelSpec, hardware_profile, model_profile
-from bidirl.perf.profiles import HardwareProfile, ModelProfile
+from bidirl.perf.profiles import MODELS, HardwareProfile, ModelProfile
+from bidirl.perf.vision import ImageLoad, image_tokens
 
 LengthDist = Literal["lognormal", "constant", "uniform", "file", "empirical"]
 LENGTH_DISTS: tuple[str, ...] = LengthDist.__args__  # type: ignore[attr-defined]
@@ -93,8 +94,15 @@ class ResponseLength:
 class Workload:
     prompts_per_step: int = option(64, "prompt groups per training step (GRPO batch)", ge=1)
     group_size: int = option(8, "responses per prompt", ge=1)
-    prompt_tokens: int = option(256, "tokens per prompt", ge=1)
+    prompt_tokens: int = option(256, "tokens per prompt, its image tokens included", ge=1)
     response_length: ResponseLength = section(ResponseLength, "response length distribution")
+    images_per_prompt: int = option(0, "images in every prompt (a vision-language model's; 0: text only)", ge=0)
+    image_pixels: int = option(448 * 448, "pixels of one image after the model's processor resizes it", ge=1)
+    image_bytes: int = option(0, "encoded bytes of one image, carried to a replica's host with its prompt", ge=0)
+
+    @property
+    def image_load(self) -> ImageLoad:
+        return ImageLoad(self.images_per_prompt, self.image_pixels, self.image_bytes)
 
 
 @dataclass(frozen=True)
@@ -251,6 +259,15 @@ def check(s: Scenario) -> Scenario:
             need(len(coefs) == n, f"calibration.{name}", f"must hold {n} coefficients", coefs)
             need(all(c >= 0 for c in coefs), f"calibration.{name}",
                  "must be >= 0 (time cannot shrink with more work)", coefs)
+    w, m = s.workload, s.model_profile
+    if w.images_per_prompt:
+        vl = ", ".join(k for k, v in MODELS.items() if v.vision_patch)
+        need(m.vision_patch > 0, "workload.images_per_prompt", f"0 for {m.name}, which has no vision tower (or a "
+             f"vision-language model: {vl})", w.images_per_prompt)
+        tokens = w.images_per_prompt * image_tokens(m, w.image_pixels)
+        need(w.prompt_tokens >= tokens, "workload.prompt_tokens", f"must count the image tokens ({w.images_per_prompt} "
+             f"x {image_tokens(m, w.image_pixels):g} for {m.name} at image_pixels {w.image_pixels}) and the text",
+             w.prompt_tokens)
     need(p.rollout_devices + p.train_devices == s.devices, "pools.train_devices",
          f"rollout_devices + train_devices must equal devices ({s.devices})", p.train_devices)
     need(p.rollout_devices % p.rollout_tp == 0, "pools.rollout_tp",

@@ -10,6 +10,9 @@ profiles::
                  c: dense FLOPs per token (+ the all-reduces' bytes per token)
                  k: read one token's KV cache (memory bound)
     prefill      t = a_p + c_p * tokens
+                 (images in the prompt: the vision encoder's seconds per prompt, ``perf/vision.py``,
+                 spread over the prompt's tokens: exact for whole prompts, the case of every new
+                 group; a resumed prefix or a re-prefill is priced as if its tokens were prompt tokens)
     micro-batch  t = a_m + c_m * tokens + q_m * tokens * seq_len     (fwd + bwd = 3x fwd;
                  tp > 1: 4 all-reduces per layer, latency in a_m, bytes per token in c_m)
     step sync    t = a_s + wire,  wire = buckets x hops x latency + grad bytes / bandwidth
@@ -79,13 +82,16 @@ class RolloutStageModel:
     decode: LinearTimeModel = field(init=False)
     prefill: LinearTimeModel = field(init=False)
     refit_every: int = 1
+    vision_s_per_prompt: float = 0.0  # the vision encoder's seconds per prompt (perf/vision.py)
+    prompt_tokens: float = 0.0  # tokens of a prompt, its image tokens included
 
     def __post_init__(self) -> None:
         p = tuple(x * self.prior_scale for x in decode_prior(self.hw, self.model, self.tp))
         self.decode = LinearTimeModel("decode", p, refit_every=self.refit_every)
         flops = self.hw.peak_tflops * 1e12 * max(self.hw.train_mfu, 0.3)
+        vision = self.vision_s_per_prompt / self.prompt_tokens if self.prompt_tokens > 0 else 0.0
         pp = (2e-3 * self.prior_scale,
-              self.model.flops_per_token / self.tp / flops * self.prior_scale)
+              (self.model.flops_per_token / self.tp / flops + vision) * self.prior_scale)
         self.prefill = LinearTimeModel("prefill", pp, refit_every=self.refit_every)
 
     def decode_step_s(self, batch: int, context_tokens: float) -> float:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from bidirl.perf.profiles import HardwareProfile, ModelProfile
 from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel
+from bidirl.perf.vision import ImageLoad, vision_prefill_s
 from bidirl.planner.lengths import LengthStats
 
 
@@ -30,6 +31,7 @@ class PlanContext:
     costs: object = None  # the scenario's Costs overrides (None fields keep priors)
     prior_scale: float = 1.0  # how far the scheduler's priors start off (cold_start)
     micro_samples: int | None = None  # sim.micro_batch_samples: a micro-batch's cap in sequences
+    images: ImageLoad = ImageLoad()  # each prompt's images (their vision encoder's prefill)
     _memo: dict[tuple[str, int], object] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -47,6 +49,7 @@ class PlanContext:
             costs=scenario.costs,
             prior_scale=scenario.sim.prior_scale,
             micro_samples=scenario.sim.micro_batch_samples,
+            images=w.image_load,
         )
 
     @property
@@ -98,7 +101,9 @@ class PlanContext:
         return self._memo[key]
 
     def rollout_model(self, tp: int) -> RolloutStageModel:
-        return self._cached(("rollout", tp), lambda: RolloutStageModel(self.hw, self.model, tp))
+        vision = vision_prefill_s(self.hw, self.model, tp, self.images)
+        return self._cached(("rollout", tp), lambda: RolloutStageModel(
+            self.hw, self.model, tp, vision_s_per_prompt=vision, prompt_tokens=self.lengths.prompt_tokens))
 
     def train_model(self, tp: int) -> TrainStageModel:
         return self._cached(("train", tp), lambda: TrainStageModel(self.hw, self.model, tp))

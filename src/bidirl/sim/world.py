@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from bidirl.controller.cluster import ClusterSpec, device_layout
 from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, weight_sync_s
 from bidirl.perf.switch_costs import switch_priors
+from bidirl.perf.vision import vision_prefill_s
 from bidirl.planner.compat import split_fit
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import envelope_of
@@ -73,6 +74,7 @@ def build(sc: Scenario, allow_oversubscribe: bool = False) -> tuple[ClusterSpec,
         micro_batch_tokens=sc.sim.micro_batch_tokens,
         micro_batch_samples=sc.sim.micro_batch_samples, max_response_tokens=w.response_length.max,
         aux_trainers=fit.aux_fits, prior_scale=sc.sim.prior_scale, hw_profile=hw, model_profile=m,
+        prompt_vision_s=vision_prefill_s(hw, m, p.rollout_tp, w.image_load),
     )
     return spec, _truth(sc, hw, m), lengths
 
@@ -88,7 +90,10 @@ def _truth(sc: Scenario, hw, m) -> Truth:
     colocated = c.colocated_switch_s if c.colocated_switch_s is not None else \
         sw["roll_on_train.c_in"]
     cal = sc.calibration
-    rollout = RolloutStageModel(hw, m, p.rollout_tp)
+    # A run's measured prefill (calibration.prefill) already holds its vision encoder's time.
+    vision = 0.0 if cal.prefill is not None else vision_prefill_s(hw, m, p.rollout_tp, sc.workload.image_load)
+    rollout = RolloutStageModel(hw, m, p.rollout_tp, vision_s_per_prompt=vision,
+                                prompt_tokens=sc.workload.prompt_tokens)
     train, aux = TrainStageModel(hw, m, p.train.tp), TrainStageModel(hw, m, p.rollout_tp)
     aux_theta = cal.aux_micro or (cal.train_micro if p.rollout_tp == p.train.tp else None)
     for model, theta in ((rollout.decode, cal.decode), (rollout.prefill, cal.prefill),
