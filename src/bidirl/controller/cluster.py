@@ -21,7 +21,8 @@ class ClusterSpec:
     ``train_units[u]`` are the train-pool devices of lendable unit ``n_replicas + u``
     (``rollout_tp`` devices each, so each can host one borrowed rollout replica).
     ``replica_cap`` is the number of responses a replica runs at once (continuous batching
-    concurrency, from KV-cache memory).  ``total_groups = steps * groups_per_step``.
+    concurrency, from KV-cache memory).  ``total_groups = steps * groups_per_step``: the
+    groups trained; with dynamic sampling more are generated (``controller/queue.py``).
     """
 
     hardware: str
@@ -57,6 +58,11 @@ class ClusterSpec:
     # Reproducible mode (policy/reproducible.py): batch b is generated at exactly version
     # max(0, b - staleness), weights move at batch boundaries only.
     reproducible: bool = False
+    # DAPO's dynamic sampling (``GroupsCompleted.filtered``): at most this many batches'
+    # worth of groups (x groups_per_step) are generated for one step, filtered ones
+    # included; the run stops (``GenerationCapError``) when a batch would need more.
+    # 0: no cap (veRL's max_num_gen_batches).
+    max_gen_batches: int = 0
 
     def profiles(self) -> tuple[HardwareProfile, ModelProfile]:
         """The device and model profiles the priors are built from."""
