@@ -117,7 +117,7 @@ class ClusterState:
 
     def batch_groups(self, b: int) -> tuple[int, ...]:
         """The groups batch ``b`` trains: its kept complete groups, in group-id order."""
-        return self.queue.batch_groups(b)
+        return self.queue.members.batch_groups(b)
 
     def head_batch(self) -> int | None:
         """The batch of the group that starts next (partial prefixes first), if any."""
@@ -127,18 +127,6 @@ class ClusterState:
             return self.groups.groups[gid].batch
         fresh = q.fresh_head()
         return None if fresh is None else fresh[1]
-
-    def groups_to_generate(self, b: int) -> float:
-        """Expected groups still to start for batches ``next_step..b`` (DAPO's dynamic
-        sampling): the queued ones and the replacements of those the keep rate says will be
-        filtered, of the queued and of the ones in flight, ``(queued + in_flight (1 - k)) / k``
-        with ``k`` the measured keep rate.  ``queued_groups(b)`` exactly while every group
-        is kept (``k = 1``, the prior)."""
-        queued = self.queued_groups(b)
-        k = self.est.keep_rate.value
-        if k >= 1.0:
-            return float(queued)
-        return (queued + self.queue.in_flight(self.next_step, b) * (1.0 - k)) / k
 
     def plan_fill(self, limit_batch: int) -> dict[int, list[int]]:
         """Where the queue's head goes now: unit -> group ids, in queue order.
@@ -158,7 +146,7 @@ class ClusterState:
         units, queue, by_id = self.units, self.queue, self.groups.groups
         heap, load, accepting, draining = units.heap, units.load, units.accepting, units.draining
         version, partial, partial_left = units.version, queue.partial_heap, queue.partial_left
-        partial_head, peek, bind = queue.partial_head, queue.peek, queue.bind
+        partial_head, peek, bind = queue.partial_head, queue.members.peek, queue.members.bind
         level = self._fill_level(limit_batch) if units.returning or units.arriving else cap
         added: dict[int, int] = {}
         plan: dict[int, list[int]] = {}
@@ -205,23 +193,27 @@ class ClusterState:
 
     def _on_completed(self, ev: GroupsCompleted) -> None:
         est, units, q = self.est, self.units, self.queue
-        done, partial_left = q.done, q.partial_left
+        done, partial_left, members = q.done, q.partial_left, q.members
         flags = ev.filtered or (False,) * len(ev.group_ids)
         capped = None
         for gid, lens, filtered in zip(ev.group_ids, ev.response_lengths, flags):
             g = self.groups.groups[gid]
             g.note_tokens(sum(lens) - g.tokens_generated, units.version[ev.replica])
             est.keep_rate.add(not filtered)
-            if filtered:  # recorded, not trained: its batch owes one more group
+            if filtered:  # recorded, not trained: its batch owes one more group (controller/batches.py)
                 self.groups.mark_filtered(gid, self.t)
-                if not q.filtered_one(g.batch) and capped is None:
+                if not members.filter(gid, g.batch) and capped is None:
                     capped = g.batch
             else:
                 g.move(GroupState.COMPLETE, self.t)
                 self.lengths[gid] = lens
-                q.kept_one(gid, g.batch)
-                if done[g.batch] == self.spec.groups_per_step:
-                    est.batch_tail.add(self.t - q.last_start[g.batch])
+                down, up = members.place_kept(gid, g.batch, self.next_step, self._may_move_up)
+                if up is not None:
+                    self.groups.groups[up].batch = g.batch
+                g.batch = down
+                done[down] += 1
+                if done[down] == self.spec.groups_per_step:
+                    est.batch_tail.add(self.t - q.last_start[down])
             self.running -= 1
             units.unload(ev.replica, gid, len(lens) if gid not in partial_left
                          else partial_left.pop(gid))
@@ -230,8 +222,17 @@ class ClusterState:
             if t0 is not None:
                 est.group_s.add(self.t - t0)
         if capped is not None:
-            raise GenerationCapError(capped, q.bound[capped], q.alive(capped), self.spec.groups_per_step,
-                                     self.spec.max_gen_batches, est.keep_rate.kept / max(1, est.keep_rate.seen))
+            raise GenerationCapError(capped, members.bound[capped], members.alive(capped),
+                                     self.spec.groups_per_step, self.spec.max_gen_batches,
+                                     est.keep_rate.kept / max(1, est.keep_rate.seen))
+
+    def _may_move_up(self, gid: int, batch: int) -> float | None:
+        """Whether generating group ``gid`` may move to ``batch`` (its oldest token within the
+        staleness bound there), ranked by its start: the latest started moves."""
+        v = self.groups.groups[gid].v_first
+        if v is not None and batch - v > self.spec.staleness:
+            return None
+        return self._assigned_at.get(gid, 0.0)
 
     def _on_interrupted(self, ev: GroupsInterrupted) -> None:
         units, q = self.units, self.queue
@@ -247,11 +248,11 @@ class ClusterState:
 
     def _on_step(self, ev: TrainStepFinished) -> None:
         s = self.spec
-        for gid in self.queue.batch_groups(ev.step):
+        for gid in self.queue.members.batch_groups(ev.step):
             gap = self.groups.mark_trained(gid, ev.step, s.staleness, self.t)
             self.staleness_max = max(self.staleness_max, gap)
             self.lengths.pop(gid, None)
-        self.queue.kept.pop(ev.step, None)
+        self.queue.members.kept.pop(ev.step, None)
         self.est.step_s.add(ev.seconds)
         self.version = ev.version
         self.phase = Phase.IDLE
@@ -312,19 +313,21 @@ class ClusterState:
                 del partial[gid]  # its heap entry is stale now (lazy deletion)
                 g = by_id[gid]
                 q.partial_in_batch[g.batch] -= 1
+                q.members.generates(gid, g.batch, True)
                 g.move(generating, t)
                 g.replica = u
                 responses += q.partial_left[gid]
                 continue
             if gid < nxt or gid in ahead or gid in by_id:
                 raise ValueError(f"group {gid} cannot start: not queued (next fresh group is {nxt})")
-            b = q.take(gid)  # its batch: bound in id order (controller/queue.py)
+            b = q.members.take(gid, nxt)  # its batch: bound in id order (controller/batches.py)
+            q.members.generates(gid, b, True)
             # Its first tokens come from the version the replica holds now: staleness
             # counts from there, even if the replica is updated before the group ends.
             by_id[gid] = PromptGroup(gid, b, size, prompt, generating, v, v, replica=u,
                                      history=[(t, generating)])
             started[b] += 1
-            if q.fully_bound(b):
+            if q.members.fully_bound(b):
                 q.last_start[b] = t
             assigned_at[gid] = t
             responses += size

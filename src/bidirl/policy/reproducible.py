@@ -53,7 +53,7 @@ def plan_fill(s: ClusterState, limit_batch: int) -> dict[int, list[int]]:
     so the shared greedy's "the least-loaded unit refuses: stop" is not enough: each group
     goes to the least-loaded unit *at its version* with room for it.  Partial groups first
     (lowest id first), then fresh ones in id order, each bound to its batch as it is placed
-    (``GroupQueue.bind``; the commits of the ``AssignGroups`` built from the plan do the
+    (``BatchMembers.bind``; the commits of the ``AssignGroups`` built from the plan do the
     rest).  O(groups x units): this mode is for small runs and tests.
     """
     spec, units, q = s.spec, s.units, s.queue
@@ -76,9 +76,10 @@ def plan_fill(s: ClusterState, limit_batch: int) -> dict[int, list[int]]:
 
     for gid in sorted(q.partial_seq):  # the partial groups waiting (the heap's valid entries)
         place(gid, s.groups.groups[gid].batch, q.partial_left[gid])
+    members = q.members
     while True:  # fresh groups in id order, each bound to its batch once placed
-        b = q.peek()
-        if b is None or not place(q.next_unbound, b, need):
+        b = members.peek()
+        if b is None or not place(members.next_unbound, b, need):
             break
-        q.bind()
+        members.bind()
     return plan

@@ -50,7 +50,7 @@ class RollLending:
         """How many units to lend, and whether the model says it pays."""
         spec, est = s.spec, s.est
         limit = min(spec.steps - 1, s.version + spec.staleness)
-        feedable = math.ceil(s.groups_to_generate(limit) * spec.group_size / spec.replica_cap)
+        feedable = math.ceil(predict.groups_to_generate(s, limit) * spec.group_size / spec.replica_cap)
         units = min(len(spec.train_units), feedable)
         if not self.guided:
             return admission.AdmissionDecision("roll_on_train", s.t, units, 0.0, 0.0,

@@ -50,7 +50,7 @@ class StepBoundary:
     def after_step(self, rec) -> None:
         """Called by the executor when the primary trainer has applied step ``rec.step``."""
         cfg, store = self.cfg, self.ex.job.store
-        filtered = tuple(sorted(g for g, r in store.groups.items() if r.filtered and r.batch == rec.step))
+        filtered = self.ex.rollout.filtered_of(rec.step)
         if cfg.algorithm.filter_groups.enable:
             rec.filtered = filtered
         self.ledger.append_step(rec.step, rec.group_ids, rec.staleness, filtered)

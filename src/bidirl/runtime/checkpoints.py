@@ -266,6 +266,7 @@ def _boundary_state(next_step: int, ex, store, cursor, rewards_by_step: dict[int
     partials = []
     for u in ex.rollout.serving():
         partials += ex.call_now(ex.unit_device(u), "call", "rollout", "snapshot")
+    ex.rollout.sync_batches()  # the steps the controller has the groups in now
     state = store.state_dict()
 
     def step_of(g: dict) -> int:  # a group not yet assigned in this session: its id's step

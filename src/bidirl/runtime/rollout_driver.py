@@ -107,6 +107,21 @@ class RolloutDriver:
         if g not in store.groups:  # below the counter yet missing: cannot happen, but never skip one
             self.ex.job.new_group(g)
 
+    def sync_batches(self) -> None:
+        """Each stored group's step as the controller has it now: with dynamic sampling a group
+        may move to another step while it generates (``controller/batches.py``); a group the
+        controller has not assigned yet (restored from a checkpoint) keeps the one it had."""
+        job, by_id = self.ex.job, self.ex.controller.state.groups.groups
+        for g, rec in job.store.groups.items():
+            local = job.ids.local_id(g)
+            if local in by_id:
+                rec.batch = by_id[local].batch + job.version_offset
+
+    def filtered_of(self, step: int) -> tuple[int, ...]:
+        """The stored groups filtered from ``step`` (global), in id order (its ledger records)."""
+        self.sync_batches()
+        return tuple(sorted(g for g, rec in self.ex.job.store.groups.items() if rec.filtered and rec.batch == step))
+
     def next_group_id(self) -> int:
         """The global id the next new group gets (a checkpoint's ``next_group``)."""
         if self._next_new is None:

@@ -178,7 +178,7 @@ def _ideal_rollout_s(rt: SimRuntime) -> float:
     prompt = spec.prompt_tokens
     per_token = a / spec.replica_cap + c + k * prompt
     if rt.rollout.filtered:  # every group generated: ids 0 .. the last bound (all completed)
-        generated = rt.controller.state.queue.next_unbound
+        generated = rt.controller.state.queue.members.next_unbound
         batches = [np.asarray([rt.lengths.lengths(g) for g in range(generated)], dtype=np.float64)]
     else:
         generated = spec.total_groups
