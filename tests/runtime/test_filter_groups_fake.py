@@ -57,3 +57,21 @@ def test_a_step_that_needs_more_than_the_cap_stops_the_run_in_one_line():
     msg = str(e.value)
     assert "max_num_gen_batches=2" in msg and "keep rate so far 0.00" in msg and "\n" not in msg
     assert e.value.batch == 0 and e.value.generated == 2 * WORKLOAD["prompts"]
+
+
+@pytest.mark.parametrize("policy", ["async", "bidirl"])
+def test_a_resumed_run_loses_no_group_and_records_none_twice(policy):
+    first = run_fake(policy, **WORKLOAD, flat_every=3, stop_after=3)
+    assert first.state is not None and max(first.trained) < first.state["next_group"]
+    held = first.state["store"]["groups"]
+    assert held and all(g["batch"] >= 3 for g in held), "the checkpoint holds the later steps' groups"
+    second = run_fake(policy, **WORKLOAD, flat_every=3, resume=first.state)
+    trained, filtered = first.trained + second.trained, first.filtered + second.filtered
+    staleness = {**first.staleness, **second.staleness}
+    created = second.executor.rollout.next_group_id()
+    audit = audit_trained(range(created), trained, staleness, second.spec.staleness, filtered)
+    assert audit.ok, (audit.groups_lost[:5], audit.trained_twice[:5], audit.filtered_twice[:5],
+                      audit.staleness_violations[:5])
+    assert audit.groups_trained == WORKLOAD["steps"] * WORKLOAD["prompts"] and audit.groups_filtered > 0
+    assert sorted(second.executor.steps) == list(range(3, WORKLOAD["steps"]))
+    assert all(len(rec.group_ids) == WORKLOAD["prompts"] for rec in second.executor.steps.values())
