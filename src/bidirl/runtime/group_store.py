@@ -22,6 +22,11 @@ DAPO's overlong shaping (``algorithm.overlong_buffer``) is added here to each go
 extra keys ``overlong_reward`` and ``overlong`` (1 if penalised); a bad reward scored 0 is
 not shaped.
 
+With DAPO's dynamic sampling (``algorithm.filter_groups``) a group is scored as soon as it
+completes (``runtime/rollout_driver.py``) and marked ``filtered`` when its rewards are all
+equal; it stays here until its step is recorded.  Each group also keeps its step
+(``batch``), for checkpoints.
+
 Every call goes through the run's :class:`~bidirl.runtime.reward_call.RewardGuard`
 (``data.reward_timeout_s``): a call that hangs is abandoned and one that raises
 ``SystemExit``/``KeyboardInterrupt`` is a bad reward like any other.  Under ``zero``, a run

@@ -12,7 +12,8 @@ devices with no bubbles and no overheads.  Work, in device-seconds, is:
 
 * rollout: every trained response token at the replica's best possible per-token cost,
   ``a / cap + c + k * context`` (decode at the full concurrency cap, exact context of
-  that token), times ``rollout_tp``; plus one prompt prefill per group;
+  that token), times ``rollout_tp``; plus one prompt prefill per group; with dynamic
+  sampling (``workload.keep_rate``), every generated group's, the filtered ones too;
 * training: every micro-batch at the cheaper of the primary layout (``train_tp`` devices)
   and the auxiliary layout (``rollout_tp`` devices), times its device count;
 
