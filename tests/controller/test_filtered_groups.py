@@ -20,7 +20,7 @@ def _state(**kw) -> ClusterState:
                 replica_devices=((0,), (1,)), train_devices=(2, 3), train_units=((2,), (3,)),
                 rollout_tp=1, train_dp=2, train_tp=1, train_spans_nodes=False, replica_cap=16,
                 groups_per_step=4, group_size=2, prompt_tokens=16, staleness=1, steps=3,
-                micro_batch_tokens=4096)
+                micro_batch_tokens=4096, filter_groups=True)
     base.update(kw)
     return ClusterState(ClusterSpec(**base))
 
@@ -34,7 +34,9 @@ def _fill(s: ClusterState) -> dict[int, tuple[int, ...]]:
 
 
 def _complete(s: ClusterState, replica: int, gids, filtered=(), t: float = 1.0) -> None:
-    s.observe(GroupsCompleted(replica, tuple(gids), tuple((5, 5) for _ in gids), tuple(filtered)), t)
+    """As a runtime with dynamic sampling on reports completions: a verdict for every group."""
+    flags = tuple(filtered) or (False,) * len(gids)
+    s.observe(GroupsCompleted(replica, tuple(gids), tuple((5, 5) for _ in gids), flags), t)
 
 
 def test_without_filtering_a_group_joins_the_batch_its_id_names():

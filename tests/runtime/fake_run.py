@@ -71,8 +71,8 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
     start = resume["next_step"] if resume else 0
     spec = spec_for(rollout, train, steps=steps - start, prompts=prompts, group_size=group_size,
                     max_new=max_new, staleness=staleness)
-    if max_gen_batches:
-        spec = replace(spec, max_gen_batches=max_gen_batches)
+    if flat_every is not None:
+        spec = replace(spec, filter_groups=True, max_gen_batches=max_gen_batches)
     backend = FakeBackend(list(range(spec.devices)), costs)
     wrapped = backend if kill_aux_at_step is None else KillFirstAuxTrainer(backend, rollout, kill_aux_at_step)
     for d in spec.train_devices:

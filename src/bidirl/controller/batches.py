@@ -55,7 +55,9 @@ class BatchMembers:
         # a hole lasts from a group's filtering to its replacement's binding)
         self.holes: list[int] = []
         self.kept: dict[int, list[int]] = {}  # batch -> its kept complete groups, untrained
-        self.generating: dict[int, set[int]] = {}  # batch -> its groups generating (for ``swap``)
+        # batch -> its groups generating, for ``place_kept``; kept only where groups are
+        # filtered (``ClusterSpec.filter_groups``): it costs every start and completion
+        self.generating: dict[int, set[int]] | None = {} if spec.filter_groups else None
 
     def alive(self, b: int) -> int:
         """Groups of batch ``b`` bound and not filtered (started, reserved, complete)."""
@@ -69,17 +71,21 @@ class BatchMembers:
         return self.frontier if self.frontier < self.steps else None
 
     def bind(self) -> tuple[int, int]:
-        """Bind the next fresh group to the batch ``peek`` names: (group, batch), reserved."""
-        b = self.peek()
-        if b is None:
-            raise ValueError(f"group {self.next_unbound} cannot start: every batch has its groups")
-        if self.holes:
-            heapq.heappop(self.holes)
-        self.bound[b] += 1
-        if b == self.frontier and self.alive(b) >= self.groups_per_step:
-            self.frontier += 1
+        """Bind the next fresh group to the batch ``peek`` names: (group, batch), reserved.
+        (Once per group a plan takes: written for speed.)"""
+        holes, bound = self.holes, self.bound
+        if holes:
+            b = heapq.heappop(holes)
+            bound[b] += 1
+        else:
+            b = self.frontier
+            if b >= self.steps:
+                raise ValueError(f"group {self.next_unbound} cannot start: every batch has its groups")
+            bound[b] += 1
+            if bound[b] - self.filtered[b] >= self.groups_per_step:
+                self.frontier = b + 1
         gid = self.next_unbound
-        self.next_unbound += 1
+        self.next_unbound = gid + 1
         self.reserved[gid] = b
         return gid, b
 
@@ -91,10 +97,16 @@ class BatchMembers:
         return len(self.holes) + front
 
     def take(self, gid: int, next_fresh: int) -> int:
-        """Fresh group ``gid`` is starting: its batch (bound now, with every unbound id below
-        it, in id order, if the plan did not bind it)."""
-        if gid in self.reserved:
-            return self.reserved.pop(gid)
+        """Fresh group ``gid`` is starting (generating): its batch (bound now, with every
+        unbound id below it, in id order, if the plan did not bind it)."""
+        b = self.reserved.pop(gid, None)
+        if b is None:
+            b = self._bind_through(gid, next_fresh)
+        if self.generating is not None:
+            self.generating.setdefault(b, set()).add(gid)
+        return b
+
+    def _bind_through(self, gid: int, next_fresh: int) -> int:
         if gid < self.next_unbound or gid - self.next_unbound >= self.bindable():
             raise ValueError(f"group {gid} cannot start: not queued (next fresh group is {next_fresh})")
         while self.next_unbound <= gid:
@@ -117,19 +129,21 @@ class BatchMembers:
     # -- outcomes ---------------------------------------------------------------------------
     def generates(self, gid: int, b: int, yes: bool) -> None:
         """Group ``gid`` of batch ``b`` starts (or resumes) generating, or stops."""
+        if self.generating is None:
+            return
         if yes:
             self.generating.setdefault(b, set()).add(gid)
         else:
             self.generating.get(b, set()).discard(gid)
 
     def keep(self, gid: int, b: int) -> None:
-        self.generating.get(b, set()).discard(gid)
+        self.generates(gid, b, False)
         self.kept.setdefault(b, []).append(gid)
 
     def filter(self, gid: int, b: int) -> bool:
         """Group ``gid`` of batch ``b`` was filtered: the batch owes one more.  False when the
         cap forbids it (the state stops the run)."""
-        self.generating.get(b, set()).discard(gid)
+        self.generates(gid, b, False)
         self.filtered[b] += 1
         if self.cap and self.bound[b] >= self.cap:
             return False
@@ -153,11 +167,12 @@ class BatchMembers:
                 if b < self.frontier:
                     heapq.heappush(self.holes, b)
                 return down, None
-            ranked = [(rank, r) for r in self.generating.get(down, ()) if (rank := may_move_up(r, b)) is not None]
+            ranked = [(rank, r) for r in (self.generating or {}).get(down, ())
+                      if (rank := may_move_up(r, b)) is not None]
             if ranked:
                 running = max(ranked)[1]
-                self.generating[down].discard(running)
-                self.generating.setdefault(b, set()).add(running)
+                self.generates(running, down, False)
+                self.generates(running, b, True)
                 self._move(gid, b, down)
                 self.bound[b] += 1  # the running group's place
                 self.bound[down] -= 1
@@ -169,7 +184,7 @@ class BatchMembers:
         """Kept group ``gid`` moves from batch ``src`` to ``dst``."""
         self.bound[src] -= 1
         self.bound[dst] += 1
-        self.generating.get(src, set()).discard(gid)
+        self.generates(gid, src, False)
         self.kept.setdefault(dst, []).append(gid)
 
     def batch_groups(self, b: int) -> tuple[int, ...]:

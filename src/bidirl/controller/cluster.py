@@ -58,10 +58,14 @@ class ClusterSpec:
     # Reproducible mode (policy/reproducible.py): batch b is generated at exactly version
     # max(0, b - staleness), weights move at batch boundaries only.
     reproducible: bool = False
-    # DAPO's dynamic sampling (``GroupsCompleted.filtered``): at most this many batches'
-    # worth of groups (x groups_per_step) are generated for one step, filtered ones
-    # included; the run stops (``GenerationCapError``) when a batch would need more.
-    # 0: no cap (veRL's max_num_gen_batches).
+    # DAPO's dynamic sampling: the runtime judges every completed group
+    # (``GroupsCompleted.filtered``), so the controller keeps which groups of each batch are
+    # generating, for a short batch to trade one for a later batch's kept group
+    # (``controller/batches.py``); and at most ``max_gen_batches`` batches' worth of groups
+    # (x groups_per_step) are generated for one step, filtered ones included, the run
+    # stopping (``GenerationCapError``) when a batch would need more (0: no cap, veRL's
+    # max_num_gen_batches).
+    filter_groups: bool = False
     max_gen_batches: int = 0
 
     def profiles(self) -> tuple[HardwareProfile, ModelProfile]:

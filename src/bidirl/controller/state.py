@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 from enum import StrEnum
+from itertools import repeat
 
 from bidirl.controller.actions import (
     PRIMARY,
@@ -121,11 +122,10 @@ class ClusterState:
 
     def head_batch(self) -> int | None:
         """The batch of the group that starts next (partial prefixes first), if any."""
-        q = self.queue
-        gid = q.partial_head()
+        gid = self.queue.partial_head()
         if gid is not None:
             return self.groups.groups[gid].batch
-        fresh = q.fresh_head()
+        fresh = self.queue.fresh_head()
         return None if fresh is None else fresh[1]
 
     def plan_fill(self, limit_batch: int) -> dict[int, list[int]]:
@@ -146,7 +146,8 @@ class ClusterState:
         units, queue, by_id = self.units, self.queue, self.groups.groups
         heap, load, accepting, draining = units.heap, units.load, units.accepting, units.draining
         version, partial, partial_left = units.version, queue.partial_heap, queue.partial_left
-        partial_head, peek, bind = queue.partial_head, queue.members.peek, queue.members.bind
+        partial_head, members, steps = queue.partial_head, queue.members, spec.steps
+        holes, bind = members.holes, members.bind
         level = self._fill_level(limit_batch) if units.returning or units.arriving else cap
         added: dict[int, int] = {}
         plan: dict[int, list[int]] = {}
@@ -164,9 +165,9 @@ class ClusterState:
             gid = partial_head()
             if gid is not None:
                 n, resumed, b = partial_left[gid], True, by_id[gid].batch
-            else:
-                b = peek()
-                if b is None:
+            else:  # BatchMembers.peek, inline (once per group placed)
+                b = holes[0] if holes else members.frontier
+                if b >= steps:
                     break
                 n, resumed = need, False
             if b > limit_batch or not may_start(b, version[u], bound):
@@ -194,12 +195,13 @@ class ClusterState:
     def _on_completed(self, ev: GroupsCompleted) -> None:
         est, units, q = self.est, self.units, self.queue
         done, partial_left, members = q.done, q.partial_left, q.members
-        flags = ev.filtered or (False,) * len(ev.group_ids)
+        flags = ev.filtered or repeat(False)
         capped = None
         for gid, lens, filtered in zip(ev.group_ids, ev.response_lengths, flags):
             g = self.groups.groups[gid]
             g.note_tokens(sum(lens) - g.tokens_generated, units.version[ev.replica])
-            est.keep_rate.add(not filtered)
+            if ev.filtered:  # the runtime judged it (dynamic sampling): the keep rate learns
+                est.keep_rate.add(not filtered)
             if filtered:  # recorded, not trained: its batch owes one more group (controller/batches.py)
                 self.groups.mark_filtered(gid, self.t)
                 if not members.filter(gid, g.batch) and capped is None:
@@ -207,13 +209,16 @@ class ClusterState:
             else:
                 g.move(GroupState.COMPLETE, self.t)
                 self.lengths[gid] = lens
-                down, up = members.place_kept(gid, g.batch, self.next_step, self._may_move_up)
-                if up is not None:
-                    self.groups.groups[up].batch = g.batch
-                g.batch = down
-                done[down] += 1
-                if done[down] == self.spec.groups_per_step:
-                    est.batch_tail.add(self.t - q.last_start[down])
+                if ev.filtered:  # a batch short of groups may take it (controller/batches.py)
+                    down, up = members.place_kept(gid, g.batch, self.next_step, self._may_move_up)
+                    if up is not None:
+                        self.groups.groups[up].batch = g.batch
+                    g.batch = down
+                else:
+                    members.keep(gid, g.batch)
+                done[g.batch] += 1
+                if done[g.batch] == self.spec.groups_per_step:
+                    est.batch_tail.add(self.t - q.last_start[g.batch])
             self.running -= 1
             units.unload(ev.replica, gid, len(lens) if gid not in partial_left
                          else partial_left.pop(gid))
@@ -227,8 +232,7 @@ class ClusterState:
                                      est.keep_rate.kept / max(1, est.keep_rate.seen))
 
     def _may_move_up(self, gid: int, batch: int) -> float | None:
-        """Whether generating group ``gid`` may move to ``batch`` (its oldest token within the
-        staleness bound there), ranked by its start: the latest started moves."""
+        """May generating group ``gid`` move to ``batch`` (staleness)? Ranked: the latest started."""
         v = self.groups.groups[gid].v_first
         if v is not None and batch - v > self.spec.staleness:
             return None
@@ -321,7 +325,6 @@ class ClusterState:
             if gid < nxt or gid in ahead or gid in by_id:
                 raise ValueError(f"group {gid} cannot start: not queued (next fresh group is {nxt})")
             b = q.members.take(gid, nxt)  # its batch: bound in id order (controller/batches.py)
-            q.members.generates(gid, b, True)
             # Its first tokens come from the version the replica holds now: staleness
             # counts from there, even if the replica is updated before the group ends.
             by_id[gid] = PromptGroup(gid, b, size, prompt, generating, v, v, replica=u,

@@ -74,7 +74,7 @@ def build(sc: Scenario, allow_oversubscribe: bool = False) -> tuple[ClusterSpec,
         micro_batch_tokens=sc.sim.micro_batch_tokens,
         micro_batch_samples=sc.sim.micro_batch_samples, max_response_tokens=w.response_length.max,
         aux_trainers=fit.aux_fits, prior_scale=sc.sim.prior_scale, hw_profile=hw, model_profile=m,
-        max_gen_batches=w.max_num_gen_batches,
+        filter_groups=w.keep_rate.filters, max_gen_batches=w.max_num_gen_batches,
     )
     return spec, _truth(sc, hw, m), lengths
 
