@@ -15,13 +15,14 @@ Replacement on demand, not over-provisioning: admitting ``batch / keep_rate`` gr
 front would leave kept groups over when the rate was underestimated, groups that belong to
 no step (veRL throws them away); on demand, every group that completes is trained once or
 filtered once.  What the extra rollout costs the schedule, the predictions scale by the
-measured keep rate (``ClusterState.groups_to_generate``, ``policy/predict.py``).
+measured keep rate (``policy/predict.py:groups_to_generate``).
 
 On demand, a batch would wait for its replacements one after another (each starts only
 when the group it replaces is filtered).  So a batch that lost a group to filtering takes
-the next kept completion of a later batch instead (``swap``): the completed group moves
-down to it, and one of its groups still generating moves up to the later batch in exchange
-(``ClusterState._on_completed`` picks it).  Moving down is always within the staleness
+the next kept completion of a later batch instead (``place_kept``): the completed group moves
+down to it and takes over its queued replacement, or one of its groups still generating moves
+up to the later batch in exchange (``ClusterState._may_move_up`` ranks them; tracked only
+where groups are filtered, ``ClusterSpec.filter_groups``).  Moving down is always within the staleness
 bound (the gap from the oldest token only shrinks, and stays >= 0 since the batch is not
 trained yet); the group moving up is chosen only if the bound admits it there.  So a batch
 is complete with the first kept groups among those generating for it and the next batches,

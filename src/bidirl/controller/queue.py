@@ -41,7 +41,7 @@ class GenerationCapError(RuntimeError):
     def __init__(self, batch: int, generated: int, most_kept: int, needed: int, cap: int,
                  keep_rate: float, option: str = "max_num_gen_batches", then: str = "") -> None:
         self.batch, self.generated, self.most_kept, self.needed = batch, generated, most_kept, needed
-        self.cap, self.keep_rate, self.option = cap, keep_rate, option
+        self.cap, self.keep_rate = cap, keep_rate
         super().__init__(
             f"{option}={cap}: step {batch} generated {generated} groups ({cap} x {needed}), "
             f"{generated - most_kept} of them filtered (all rewards equal), so it cannot keep the {needed} it "
