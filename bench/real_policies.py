@@ -60,6 +60,13 @@ WORKLOADS = {
     "balanced": Workload(
         "responses <= 128 tokens, all 64 at once, a KL term: rollout and training take about as long",
         ("rollout.max_new_tokens=128", "trainer.micro_batch_size=16", "trainer.kl_coef=0.01")),
+    "filter": Workload(
+        "DAPO's dynamic sampling (algorithm.filter_groups): copy scored all-or-nothing "
+        "(bench/exact_match_reward.py) after a warm start, so many groups are all wrong (or all right), "
+        "filtered and replaced; responses <= 32 tokens: rollout generates ~1/keep-rate groups per step",
+        ("model.warm_start_steps=100", f"data.reward_fn={ROOT / 'bench' / 'exact_match_reward.py'}",
+         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=10",
+         "rollout.max_new_tokens=32", "trainer.micro_batch_size=16")),
 }
 POLICIES = ("async", "bidirl")
 
@@ -151,6 +158,8 @@ def run_once(name: str, w: Workload, policy: str, run: Path, data: Path | None, 
         "stage_model_median_error": s.get("stage_model_median_error", {}),
         "audit_ok": s["audit_ok"], "max_staleness": s["audit"]["max_staleness"],
         "groups_trained": s["audit"]["groups_trained"], "step_times_s": s["step_times_s"],
+        # dynamic sampling (the filter workload): groups filtered and the share kept
+        "groups_filtered": s["audit"].get("groups_filtered", 0), "keep_rate": s["audit"].get("keep_rate", 1.0),
         # A reclaim's latency (issue -> device back) against what it may cost: the work in
         # progress when it arrived (one decode step or one micro-batch) + C_out.
         "reclaim_latency_s": [w_["wait_s"] + w_["c_out_s"] for w_ in waits],
@@ -237,6 +246,7 @@ def summarise(name: str, w: Workload, runs: list[dict]) -> dict:
             "reclaim_latency_p50_s": pct(lat, 0.5), "reclaim_latency_p99_s": pct(lat, 0.99),
             "reclaim_bound_p50_s": pct(bound, 0.5), "reclaim_bound_p99_s": pct(bound, 0.99),
             "audit_ok": all(r["audit_ok"] for r in rs),
+            "keep_rate": statistics.median(r.get("keep_rate", 1.0) for r in rs) if rs else None,
             "load_average_max": max((max(r.get("load_average", [0])) for r in rs), default=None),
             "steal_fraction_max": max((r["steal_fraction"] for r in rs
                                        if r.get("steal_fraction") is not None), default=None),

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bidirl.algo.data import DataError
+from bidirl.controller.queue import GenerationCapError
 from bidirl.engines.trainer_config import NonFiniteError
 from bidirl.models.make import ARCHS, make_model, shape_of
 from bidirl.obs.trace import write_chrome_trace
@@ -103,7 +104,8 @@ def _summary(r) -> str:
         f"  borrows           roll-on-train {b.get('roll_on_train', 0)}   "
         f"train-on-roll {b.get('train_on_roll', 0)}   switching {r.switch_time_s:.1f} s",
         f"  staleness         mean {st.get('mean', 0):.2f}   max {st.get('max', 0):.0f}",
-        f"  groups            trained {r.groups_trained}   lost {r.groups_lost}",
+        f"  groups            trained {r.groups_trained}   lost {r.groups_lost}"
+        + (f"   filtered {r.groups_filtered} (keep rate {r.keep_rate:.2f})" if r.groups_filtered else ""),
         f"  trace sha256      {r.trace_sha256[:16]}...",
     ])
 
@@ -316,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
 # where it is): reported in one line, exit status 2.
 USER_ERRORS: tuple[type[Exception], ...] = (
     UserError, ScenarioError, FileNotFoundError, ConfigError, DataError, PlanError, NonFiniteError, NodeLost,
-    WorkerLost)
+    WorkerLost, GenerationCapError)
 
 
 def _message(e: Exception) -> str:

@@ -21,7 +21,10 @@ def _spec() -> ClusterSpec:
 
 def test_queue_partial_groups_first_lowest_id_and_requeue_leaves_no_stale_head():
     q = GroupQueue(_spec())
+    for _ in range(10):  # ten fresh groups started: bound in id order to batches 0 (8) and 1 (2)
+        q.members.take(q.members.bind()[0], 0)
     q.next_fresh = 10
+    assert q.members.bound[:2] == [8, 2] and q.members.frontier == 1
     assert q.head() == 10 and q.has_work()
     q.requeue(5, 0, 3)
     q.requeue(2, 0, 1)

@@ -68,3 +68,22 @@ def test_lifecycle_rejects_illegal_moves():
     g.move(GroupState.GENERATING, 2.0)
     g.note_tokens(5, 1)  # resumed on an older replica: the oldest token counts
     assert (g.v_first, g.v_last, g.tokens_generated) == (1, 2, 10)
+
+
+def test_a_filtered_group_is_an_outcome_trained_and_filtered_never_both():
+    led = GroupLedger()
+    for gid in range(3):
+        _complete(led, gid, 0, 0)
+    g = PromptGroup(3, 0, 4)  # completes with all rewards equal: filtered, not trained
+    led.add(g)
+    g.move(GroupState.GENERATING, 0.0)
+    led.mark_filtered(3, 1.0)
+    for gid in range(3):
+        led.mark_trained(gid, 0, 1, 2.0)
+    report = led.audit(bound=1)
+    assert report.ok and report.groups_trained == 3 and report.groups_filtered == 1
+    assert report.keep_rate == 0.75 and not report.groups_lost
+    with pytest.raises(LifecycleError):  # a filtered group is never trained
+        led.mark_trained(3, 0, 1, 3.0)
+    led.filtered_count[0] += 1  # a trained group recorded as filtered too: caught
+    assert not led.audit(bound=1).ok and led.audit(bound=1).filtered_twice == [0]

@@ -21,6 +21,7 @@ Fake roles keep the contracts the executor relies on:
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,10 @@ class FakeRollout:
                      for i in range(len(prompts))]
         cost = self.costs.decode_s * max((len(r) for r in responses), default=0)
         return {"version": self.version, "responses": responses, "seconds": cost}, cost
+
+    def snapshot(self):
+        """Copies of every live response's progress, without interrupting it (checkpoints)."""
+        return [copy.deepcopy(res) for _, res in self.live.values()], 0.0
 
     def abort_all(self):
         out = [res for _, res in self.live.values()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from bidirl.runtime.group_ids import GroupIds
 from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.rollout_driver import RolloutDriver
 
@@ -21,7 +22,8 @@ def _driver(offset: int = 0, store: GroupStore | None = None):
         store.add(gid, f"u{p}", [p], "copy", str(p))
 
     ex = SimpleNamespace(spec=SimpleNamespace(n_units=2, n_replicas=2),
-                         job=SimpleNamespace(store=store, new_group=new_group, group_offset=offset, version_offset=0))
+                         job=SimpleNamespace(store=store, new_group=new_group, ids=GroupIds(first_new=offset),
+                                             version_offset=0))
     return RolloutDriver(ex), store, made
 
 

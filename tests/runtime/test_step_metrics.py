@@ -11,7 +11,7 @@ from bidirl.runtime.reporting import SinceLastStep, StepGroups, step_metrics
 def _rec(**kw):
     base = dict(step=3, group_ids=[6, 7], rewards=[1.0, 0.0, 0.5, 0.5], staleness=[0, 1], started_s=10.0,
                 finished_s=12.5, total_tokens=400, chunks=[("primary", 0), ("aux", 1)], c_grad_s=[0.2, 0.4],
-                metrics={"loss": 0.3, "clip_frac": 0.1, "lr": 1e-3})
+                metrics={"loss": 0.3, "clip_frac": 0.1, "lr": 1e-3}, filtered=None)
     return SimpleNamespace(**{**base, **kw})
 
 

@@ -29,10 +29,12 @@ def _ledger(run_dir):
 
 
 def test_async_grpo_end_to_end(tmp_path, real_runtime_available):
+    """With DAPO's dynamic sampling on: a group whose rewards come out all equal is filtered and
+    replaced (the ledger records it; the audit accounts for it)."""
     run = tmp_path / "run"
     out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=5", "scheduler.policy=async",
                   "scheduler.staleness=1", "cluster.prewarm=false", "run.val_every=2", "data.val_max_samples=8",
-                  "run.train_samples_every=2")
+                  "run.train_samples_every=2", "algorithm.filter_groups.enable=true")
     assert out.returncode == 0, out.stderr[-3000:]
     console = (out.stdout + out.stderr).splitlines()
     assert len(console) < 30, "\n".join(console)  # vLLM and Ray at WARNING, no line per weight sync
@@ -40,16 +42,21 @@ def test_async_grpo_end_to_end(tmp_path, real_runtime_available):
     assert not any("skipped" in ln for ln in console), "a stage model without an error yet is no skipped metric"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["audit"]["ok"] and summary["audit"]["groups_lost"] == 0
-    ledger = _ledger(run)
+    records = _ledger(run)
+    ledger = [r for r in records if r.get("outcome") != "filtered"]
+    filtered = [r["group"] for r in records if r.get("outcome") == "filtered"]
     groups = [r["group"] for r in ledger]
-    assert sorted(groups) == list(range(5 * 4)), "every group trained exactly once"
+    assert len(groups) == 5 * 4 and sorted(groups + filtered) == list(range(len(records))), \
+        "every group created trained exactly once or filtered exactly once"
+    assert summary["groups_filtered"] == summary["audit"]["groups_filtered"] == len(filtered)
+    assert summary["keep_rate"] == pytest.approx(20 / (20 + len(filtered)), abs=1e-4)
     assert max(r["staleness"] for r in ledger) <= 1
     assert any(r["staleness"] == 1 for r in ledger), "async should use its staleness budget"
     metrics = read_metrics(run)
     steps = [m for m in metrics if "reward/mean" in m]
     assert len(steps) == 5
     for key in ("timing_s/step", "perf/throughput", "trainer/idle_ratio", "rollout/idle_ratio",
-                "staleness/mean", "staleness/max"):
+                "staleness/mean", "staleness/max", "filter/keep_rate", "filter/groups_filtered"):
         assert key in steps[0], key
     assert any(k.startswith("final/stage_model_median_error/") for k in metrics[-1])
     for key in ("critic/score/mean", "response_length/mean", "response_length/clip_ratio", "prompt_length/mean",

@@ -7,11 +7,14 @@ against the behaviour log-probs (``vanilla``), token-mean over the whole step, t
 when ``trainer.kl_coef`` > 0, no entropy bonus, no importance weights, no length penalty.
 
 Who reads what: the train driver the advantage fields (``runtime/train_driver.py``), the
-group store the overlong buffer (``runtime/group_store.py``), the trainer the loss
-fields (``engines/trainer_torch.py``, sent with ``trainer_wire``).  The clip range and the
+group store the overlong buffer (``runtime/group_store.py``), the rollout driver dynamic
+sampling (``filter_groups``: ``runtime/rollout_driver.py`` judges, the controller replaces
+and caps, ``runtime/run_spec.py``), the trainer the loss fields
+(``engines/trainer_torch.py``, sent with ``trainer_wire``).  The clip range and the
 KL weight stay the trainer's (``trainer.clip_eps_low`` / ``clip_eps_high``, veRL's
 ``clip_ratio_low`` / ``clip_ratio_high``; ``trainer.kl_coef``, veRL's ``kl_loss_coef``).
-None of these fields is resume-safe: each changes what the next updates compute.
+None of these fields is resume-safe (each changes what the next updates compute) but
+``filter_groups.max_num_gen_batches``, which only says when a run gives up.
 docs/algorithm.md gives every formula and the peers' names.
 """
 
@@ -52,6 +55,23 @@ class OverlongBuffer:
 
 
 @dataclass(frozen=True)
+class FilterGroups:
+    """DAPO's dynamic sampling (veRL's ``algorithm.filter_groups``): drop groups with no signal."""
+
+    enable: bool = option(False, "a completed group whose training rewards (shaped, as the advantage sees "
+                          "them) are all equal is filtered: recorded in trained_groups.jsonl, not trained, and "
+                          "replaced by a new group for the same step, so every step trains "
+                          "rollout.prompts_per_step groups")
+    max_num_gen_batches: int = option(
+        0, "at most this many x rollout.prompts_per_step groups generated for one step, filtered ones "
+        "included; a step that needs more stops the run at its last step boundary (checkpoint written); "
+        "0: no cap", ge=0, resume_safe=True)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     """Advantage estimator, policy loss, aggregation, KL, entropy, off-policy correction, shaping."""
 
@@ -72,6 +92,8 @@ class AlgorithmConfig:
     entropy_coeff: float = option(0.0, "entropy bonus: the loss minus this times the aggregated entropy", ge=0)
     rollout_correction: RolloutCorrection = section(RolloutCorrection, "off-policy correction")
     overlong_buffer: OverlongBuffer = section(OverlongBuffer, "DAPO's overlong reward shaping")
+    filter_groups: FilterGroups = section(FilterGroups, "DAPO's dynamic sampling: groups with all rewards "
+                                          "equal are filtered and replaced")
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -21,7 +21,8 @@ class ClusterSpec:
     ``train_units[u]`` are the train-pool devices of lendable unit ``n_replicas + u``
     (``rollout_tp`` devices each, so each can host one borrowed rollout replica).
     ``replica_cap`` is the number of responses a replica runs at once (continuous batching
-    concurrency, from KV-cache memory).  ``total_groups = steps * groups_per_step``.
+    concurrency, from KV-cache memory).  ``total_groups = steps * groups_per_step``: the
+    groups trained; with dynamic sampling more are generated (``controller/queue.py``).
     """
 
     hardware: str
@@ -60,6 +61,15 @@ class ClusterSpec:
     # Images in the prompt: the vision encoder's prior seconds per prompt prefilled on one
     # replica (``perf/vision.vision_prefill_s``); 0: text prompts.
     prompt_vision_s: float = 0.0
+    # DAPO's dynamic sampling: the runtime judges every completed group
+    # (``GroupsCompleted.filtered``), so the controller keeps which groups of each batch are
+    # generating, for a short batch to trade one for a later batch's kept group
+    # (``controller/batches.py``); and at most ``max_gen_batches`` batches' worth of groups
+    # (x groups_per_step) are generated for one step, filtered ones included, the run
+    # stopping (``GenerationCapError``) when a batch would need more (0: no cap, veRL's
+    # max_num_gen_batches).
+    filter_groups: bool = False
+    max_gen_batches: int = 0
 
     def profiles(self) -> tuple[HardwareProfile, ModelProfile]:
         """The device and model profiles the priors are built from."""

@@ -5,7 +5,9 @@ split use the same numbers, and so that those numbers improve as measurements ar
 (``StageMeasured`` events feed ``perf.stage_models``; lend/reclaim costs feed
 ``perf.switch_costs.SwitchCostEstimator``).  Workload statistics (mean response length,
 how long a group takes from start to completion) are exponential moving averages: the
-paper uses no length prediction, and neither do we.
+paper uses no length prediction, and neither do we.  The keep rate of DAPO's dynamic
+sampling (the share of completed groups not filtered) is measured the same way, over a
+recent window (``KeepRate``).
 """
 
 from __future__ import annotations
@@ -118,6 +120,37 @@ class Ema:
         self.value += a * (x - self.value)
 
 
+KEEP_WINDOW = 256  # recent group outcomes the keep rate is measured over
+KEEP_FLOOR = 0.02  # the least keep rate a prediction divides by (all filtered so far)
+
+
+class KeepRate:
+    """The share of completed groups kept (not filtered) lately: ``(kept + 1) / (seen + 1)``
+    over the last ``KEEP_WINDOW`` outcomes, so the prior is 1.0 (nothing filtered) until
+    groups complete, and one filtered group at the start does not read as "none kept".  A
+    run without dynamic sampling keeps every group: 1.0 throughout."""
+
+    __slots__ = ("recent", "recent_kept", "kept", "seen")
+
+    def __init__(self, window: int = KEEP_WINDOW) -> None:
+        self.recent: deque[bool] = deque(maxlen=window)
+        self.recent_kept = 0  # kept among ``recent``
+        self.kept = 0  # over the whole run
+        self.seen = 0
+
+    def add(self, kept: bool) -> None:
+        if len(self.recent) == self.recent.maxlen:
+            self.recent_kept -= self.recent[0]
+        self.recent.append(kept)
+        self.recent_kept += kept
+        self.kept += kept
+        self.seen += 1
+
+    @property
+    def value(self) -> float:
+        return max(KEEP_FLOOR, (self.recent_kept + 1) / (len(self.recent) + 1))
+
+
 class Estimates:
     """Calibrated predictions of stage times for one cluster."""
 
@@ -144,6 +177,7 @@ class Estimates:
         # Seconds from a batch's last group start to its completion: the long tail.
         self.batch_tail = Ema(0.0, alpha=0.2)
         self.step_s = Ema(0.0, alpha=0.2)  # a whole training step, as measured
+        self.keep_rate = KeepRate()  # groups kept / completed (DAPO's dynamic sampling)
         self._optimizer_s = self.train.optimizer_s()
 
     # -- learning -------------------------------------------------------------------

@@ -23,11 +23,18 @@ class GroupsCompleted:
 
     ``response_lengths[i]`` are the response lengths (tokens) of ``group_ids[i]`` in
     response order; the trainer's micro-batches are packed from them.
+
+    ``filtered[i]`` (DAPO's dynamic sampling, ``algorithm.filter_groups``): the runtime
+    judged ``group_ids[i]``'s rewards all equal, so it is recorded and not trained, and the
+    controller queues another group for its batch.  The runtime judges because it holds
+    the rewards (the real one scores them, ``algo/dynamic_sampling.py``; the simulator draws
+    from its keep-rate model); empty: every group is kept.
     """
 
     replica: int
     group_ids: tuple[int, ...]
     response_lengths: tuple[tuple[int, ...], ...]
+    filtered: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 from enum import StrEnum
+from itertools import repeat
 
 from bidirl.controller.actions import (
     PRIMARY,
@@ -49,11 +50,11 @@ from bidirl.controller.events import (
     TrainStepFinished,
     WeightsSynced,
 )
-from bidirl.controller.queue import GroupQueue
+from bidirl.controller.queue import GenerationCapError, GroupQueue
 from bidirl.controller.units import Units, UnitStatus
 from bidirl.core.ledger import DeviceLedger, GroupLedger, Role, switch_kind
 from bidirl.core.samples import GroupState, PromptGroup
-from bidirl.core.staleness import batch_of, may_start
+from bidirl.core.staleness import may_start
 
 __all__ = ["ClusterState", "Phase", "UnitStatus"]  # UnitStatus lives in units.py
 
@@ -104,16 +105,28 @@ class ClusterState:
         s, q, v = self.spec, self.queue, self.units.version[unit]
         gid = q.partial_head()
         if gid is not None:
-            b = batch_of(gid, s.groups_per_step)
+            b = self.groups.groups[gid].batch
             if b <= limit_batch and may_start(b, v, s.staleness, s.reproducible):
                 return gid
-        gid = q.next_fresh
-        if gid >= s.total_groups:
+        fresh = q.fresh_head()
+        if fresh is None:
             return None
-        b = batch_of(gid, s.groups_per_step)
+        gid, b = fresh
         if b <= limit_batch and may_start(b, v, s.staleness, s.reproducible):
             return gid
         return None
+
+    def batch_groups(self, b: int) -> tuple[int, ...]:
+        """The groups batch ``b`` trains: its kept complete groups, in group-id order."""
+        return self.queue.members.batch_groups(b)
+
+    def head_batch(self) -> int | None:
+        """The batch of the group that starts next (partial prefixes first), if any."""
+        gid = self.queue.partial_head()
+        if gid is not None:
+            return self.groups.groups[gid].batch
+        fresh = self.queue.fresh_head()
+        return None if fresh is None else fresh[1]
 
     def plan_fill(self, limit_batch: int) -> dict[int, list[int]]:
         """Where the queue's head goes now: unit -> group ids, in queue order.
@@ -125,14 +138,16 @@ class ClusterState:
         so the first replica back does not take the whole queue from its peers.  The
         result must be committed (one ``AssignGroups`` per unit, any order) before the state
         is read again: the heaps are updated in place with what the plan takes, which the
-        commits make true.  O(log units) per group, no allocation but the ids.
+        commits make true (and the fresh groups it takes are bound to their batches).
+        O(log units) per group, no allocation but the ids.
         """
         spec = self.spec
-        cap, need, gps, bound = spec.replica_cap, spec.group_size, spec.groups_per_step, spec.staleness
-        units, queue = self.units, self.queue
+        cap, need, bound = spec.replica_cap, spec.group_size, spec.staleness
+        units, queue, by_id = self.units, self.queue, self.groups.groups
         heap, load, accepting, draining = units.heap, units.load, units.accepting, units.draining
         version, partial, partial_left = units.version, queue.partial_heap, queue.partial_left
-        fresh, total, partial_head = queue.next_fresh, spec.total_groups, queue.partial_head
+        partial_head, members, steps = queue.partial_head, queue.members, spec.steps
+        holes, bind = members.holes, members.bind
         level = self._fill_level(limit_batch) if units.returning or units.arriving else cap
         added: dict[int, int] = {}
         plan: dict[int, list[int]] = {}
@@ -149,18 +164,18 @@ class ClusterState:
                 break
             gid = partial_head()
             if gid is not None:
-                n, resumed = partial_left[gid], True
-            elif fresh < total:
-                gid, n, resumed = fresh, need, False
-            else:
-                break
-            b = gid // gps
+                n, resumed, b = partial_left[gid], True, by_id[gid].batch
+            else:  # BatchMembers.peek, inline (once per group placed)
+                b = holes[0] if holes else members.frontier
+                if b >= steps:
+                    break
+                n, resumed = need, False
             if b > limit_batch or not may_start(b, version[u], bound):
                 break
             if resumed:
                 pop(partial)
             else:
-                fresh += 1
+                gid, _ = bind()
             added[u] = lu + n - load[u]
             replace(heap, (lu + n, u))
             ids = plan.get(u)
@@ -179,22 +194,49 @@ class ClusterState:
 
     def _on_completed(self, ev: GroupsCompleted) -> None:
         est, units, q = self.est, self.units, self.queue
-        done, partial_left = q.done, q.partial_left
-        for gid, lens in zip(ev.group_ids, ev.response_lengths):
+        done, partial_left, members = q.done, q.partial_left, q.members
+        flags = ev.filtered or repeat(False)
+        capped = None
+        for gid, lens, filtered in zip(ev.group_ids, ev.response_lengths, flags):
             g = self.groups.groups[gid]
             g.note_tokens(sum(lens) - g.tokens_generated, units.version[ev.replica])
-            g.move(GroupState.COMPLETE, self.t)
-            self.lengths[gid] = lens
-            done[g.batch] += 1
+            if ev.filtered:  # the runtime judged it (dynamic sampling): the keep rate learns
+                est.keep_rate.add(not filtered)
+            if filtered:  # recorded, not trained: its batch owes one more group (controller/batches.py)
+                self.groups.mark_filtered(gid, self.t)
+                if not members.filter(gid, g.batch) and capped is None:
+                    capped = g.batch
+            else:
+                g.move(GroupState.COMPLETE, self.t)
+                self.lengths[gid] = lens
+                if ev.filtered:  # a batch short of groups may take it (controller/batches.py)
+                    down, up = members.place_kept(gid, g.batch, self.next_step, self._may_move_up)
+                    if up is not None:
+                        self.groups.groups[up].batch = g.batch
+                    g.batch = down
+                else:
+                    members.keep(gid, g.batch)
+                done[g.batch] += 1
+                if done[g.batch] == self.spec.groups_per_step:
+                    est.batch_tail.add(self.t - q.last_start[g.batch])
             self.running -= 1
-            if done[g.batch] == self.spec.groups_per_step:
-                est.batch_tail.add(self.t - q.last_start[g.batch])
             units.unload(ev.replica, gid, len(lens) if gid not in partial_left
                          else partial_left.pop(gid))
             est.response_len.add(sum(lens) / len(lens))
             t0 = self._assigned_at.pop(gid, None)
             if t0 is not None:
                 est.group_s.add(self.t - t0)
+        if capped is not None:
+            raise GenerationCapError(capped, members.bound[capped], members.alive(capped),
+                                     self.spec.groups_per_step, self.spec.max_gen_batches,
+                                     est.keep_rate.kept / max(1, est.keep_rate.seen))
+
+    def _may_move_up(self, gid: int, batch: int) -> float | None:
+        """May generating group ``gid`` move to ``batch`` (staleness)? Ranked: the latest started."""
+        v = self.groups.groups[gid].v_first
+        if v is not None and batch - v > self.spec.staleness:
+            return None
+        return self._assigned_at.get(gid, 0.0)
 
     def _on_interrupted(self, ev: GroupsInterrupted) -> None:
         units, q = self.units, self.queue
@@ -210,10 +252,11 @@ class ClusterState:
 
     def _on_step(self, ev: TrainStepFinished) -> None:
         s = self.spec
-        for gid in range(ev.step * s.groups_per_step, (ev.step + 1) * s.groups_per_step):
+        for gid in self.queue.members.batch_groups(ev.step):
             gap = self.groups.mark_trained(gid, ev.step, s.staleness, self.t)
             self.staleness_max = max(self.staleness_max, gap)
             self.lengths.pop(gid, None)
+        self.queue.members.kept.pop(ev.step, None)
         self.est.step_s.add(ev.seconds)
         self.version = ev.version
         self.phase = Phase.IDLE
@@ -265,7 +308,7 @@ class ClusterState:
 
     def _do_assign(self, a: AssignGroups) -> None:
         s, t, u, q, units = self.spec, self.t, a.replica, self.queue, self.units
-        gps, size, prompt, total = s.groups_per_step, s.group_size, s.prompt_tokens, s.total_groups
+        size, prompt = s.group_size, s.prompt_tokens
         by_id, started, assigned_at = self.groups.groups, q.started, self._assigned_at
         partial, ahead, generating = q.partial_seq, q.ahead, GroupState.GENERATING
         nxt, responses, v = q.next_fresh, 0, units.version[u]
@@ -274,19 +317,20 @@ class ClusterState:
                 del partial[gid]  # its heap entry is stale now (lazy deletion)
                 g = by_id[gid]
                 q.partial_in_batch[g.batch] -= 1
+                q.members.generates(gid, g.batch, True)
                 g.move(generating, t)
                 g.replica = u
                 responses += q.partial_left[gid]
                 continue
-            if gid < nxt or gid in ahead or gid >= total or gid in by_id:
+            if gid < nxt or gid in ahead or gid in by_id:
                 raise ValueError(f"group {gid} cannot start: not queued (next fresh group is {nxt})")
-            b = gid // gps
+            b = q.members.take(gid, nxt)  # its batch: bound in id order (controller/batches.py)
             # Its first tokens come from the version the replica holds now: staleness
             # counts from there, even if the replica is updated before the group ends.
             by_id[gid] = PromptGroup(gid, b, size, prompt, generating, v, v, replica=u,
                                      history=[(t, generating)])
             started[b] += 1
-            if started[b] == gps:
+            if q.members.fully_bound(b):
                 q.last_start[b] = t
             assigned_at[gid] = t
             responses += size

@@ -3,7 +3,9 @@
 The *device ledger* makes borrowing a transaction: a device keeps its owner pool for
 life, hosts exactly one role at a time, and every lend and reclaim is recorded with the
 switch cost that was charged (simulated) or measured (real).  The *group ledger* is the
-audit trail that proves every prompt group was trained exactly once and none was lost.
+audit trail that proves every prompt group was trained exactly once and none was lost;
+with DAPO's dynamic sampling a group may instead be *filtered* (all its rewards equal), an
+outcome recorded like training: each group is trained once or filtered once, never both.
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ class DeviceLedger:
 
 @dataclass
 class AuditReport:
+    """What the audit found: ``groups_lost`` have no outcome, ``trained_twice`` were
+    trained more than once, ``filtered_twice`` were filtered more than once or both
+    filtered and trained."""
+
     groups_total: int
     groups_trained: int
     groups_lost: list[int]
@@ -120,10 +126,18 @@ class AuditReport:
     staleness_violations: list[str]
     max_staleness: int
     mean_staleness: float
+    groups_filtered: int = 0
+    filtered_twice: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.groups_lost or self.trained_twice or self.staleness_violations)
+        return not (self.groups_lost or self.trained_twice or self.filtered_twice or self.staleness_violations)
+
+    @property
+    def keep_rate(self) -> float:
+        """Trained over trained + filtered (1.0 when nothing was judged)."""
+        judged = self.groups_trained + self.groups_filtered
+        return self.groups_trained / judged if judged else 1.0
 
 
 @dataclass
@@ -133,6 +147,7 @@ class GroupLedger:
     groups: dict[int, PromptGroup] = field(default_factory=dict)
     trained_count: Counter = field(default_factory=Counter)
     staleness: dict[int, int] = field(default_factory=dict)
+    filtered_count: Counter = field(default_factory=Counter)
 
     def add(self, group: PromptGroup) -> None:
         if group.group_id in self.groups:
@@ -153,23 +168,32 @@ class GroupLedger:
         self.staleness[group_id] = gap
         return gap
 
+    def mark_filtered(self, group_id: int, t: float) -> None:
+        """Record that ``group_id`` completed with all rewards equal and is not trained."""
+        self.groups[group_id].move(GroupState.FILTERED, t)
+        self.filtered_count[group_id] += 1
+
     def audit(self, bound: int, through_batch: int | None = None) -> AuditReport:
-        """Check every group up to ``through_batch`` (all if None) was trained exactly once."""
+        """Check every group up to ``through_batch`` (all if None) was trained exactly once
+        or filtered exactly once."""
         due = [g.group_id for g in self.groups.values()
                if through_batch is None or g.batch <= through_batch]
-        return audit_trained(due, self.trained_count, self.staleness, bound)
+        return audit_trained(due, self.trained_count, self.staleness, bound, self.filtered_count)
 
 
 def audit_trained(expected: Iterable[int], trained_count: Counter, staleness: dict[int, int],
-                  bound: int) -> AuditReport:
-    """The one ledger audit: each expected group trained exactly once, within ``bound``.
+                  bound: int, filtered_count: Counter | None = None) -> AuditReport:
+    """The one ledger audit: each expected group trained exactly once (within ``bound``) or
+    filtered exactly once (``filtered_count``, DAPO's dynamic sampling), never both.
 
     The controller's ``GroupLedger`` and a real run's ``trained_groups.jsonl`` (which spans
     resumes) are both checked here, so the two can never disagree on what "ok" means.
     """
     due = list(expected)
-    lost = sorted(g for g in due if trained_count[g] == 0)
+    filtered = filtered_count if filtered_count is not None else Counter()
+    lost = sorted(g for g in due if trained_count[g] == 0 and filtered[g] == 0)
     twice = sorted(g for g, c in trained_count.items() if c > 1)
+    filtered_twice = sorted(g for g, c in filtered.items() if c > 1 or (c and trained_count[g]))
     violations = [f"group {g}: gap {gap} > bound {bound}" for g, gap in staleness.items() if gap > bound]
     gaps = list(staleness.values())
     return AuditReport(
@@ -180,6 +204,8 @@ def audit_trained(expected: Iterable[int], trained_count: Counter, staleness: di
         staleness_violations=violations,
         max_staleness=max(gaps, default=0),
         mean_staleness=(sum(gaps) / len(gaps)) if gaps else 0.0,
+        groups_filtered=sum(1 for g in due if filtered[g] >= 1),
+        filtered_twice=filtered_twice,
     )
 
 

@@ -6,10 +6,17 @@ within a group, so the group is the unit of scheduling and of training).  Its li
     QUEUED --start--> GENERATING --interrupt--> PARTIAL --resume--> GENERATING
                           |                                             |
                           +------------------complete-------------------+--> COMPLETE --train--> TRAINED
+                          |                                             |
+                          +------------------filter---------------------+--> FILTERED
 
 ``PARTIAL`` means some responses hold unfinished prefixes that were handed back (a
 borrowed replica was reclaimed); they are resumed elsewhere and keep the versions of the
 tokens already generated, so staleness still counts from the oldest token.
+
+``FILTERED`` is DAPO's dynamic sampling (``algorithm.filter_groups``): the group completed
+but its rewards are all equal (no advantage signal), so it is recorded and never trained;
+another group takes its place in its batch (``controller/queue.py``).  Like ``TRAINED`` it
+is an outcome: the ledger audit accounts for every group as trained once or filtered once.
 """
 
 from __future__ import annotations
@@ -24,14 +31,16 @@ class GroupState(StrEnum):
     PARTIAL = "partial"
     COMPLETE = "complete"
     TRAINED = "trained"
+    FILTERED = "filtered"
 
 
 _ALLOWED = {
     GroupState.QUEUED: {GroupState.GENERATING},
-    GroupState.GENERATING: {GroupState.PARTIAL, GroupState.COMPLETE},
+    GroupState.GENERATING: {GroupState.PARTIAL, GroupState.COMPLETE, GroupState.FILTERED},
     GroupState.PARTIAL: {GroupState.GENERATING},
     GroupState.COMPLETE: {GroupState.TRAINED},
     GroupState.TRAINED: set(),
+    GroupState.FILTERED: set(),
 }
 
 

@@ -54,6 +54,10 @@ class RunResult:
     # computed (a real run: its summary says so rather than report a bound of 0)
     attainable_tokens_per_s: float | None = None
     efficiency_attainable: float | None = None
+    # DAPO's dynamic sampling: completed groups filtered (all rewards equal), and the share
+    # kept, trained / (trained + filtered); 0 and 1.0 without it
+    groups_filtered: int = 0
+    keep_rate: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         """The keys promised by the CLI's ``--json`` (no intervals)."""
@@ -62,7 +66,7 @@ class RunResult:
                 "switch_time_s", "borrows", "ideal_tokens_per_s", "efficiency", "staleness",
                 "groups_trained", "groups_lost", "trace_sha256", "devices", "seed",
                 "step_times_s", "stage_model_median_error", "admission", "extra",
-                "attainable_tokens_per_s", "efficiency_attainable")
+                "attainable_tokens_per_s", "efficiency_attainable", "groups_filtered", "keep_rate")
         return {k: getattr(self, k) for k in keys}
 
 

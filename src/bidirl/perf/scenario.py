@@ -91,6 +91,41 @@ class ResponseLength:
 
 
 @dataclass(frozen=True)
+class KeepRate:
+    """DAPO's dynamic sampling (``algorithm.filter_groups``): the share of completed groups
+    kept, the others filtered (all rewards equal) and replaced by fresh groups.
+
+    It moves linearly from ``start`` at version 0 to ``end`` at version ``steps - 1``
+    (default: the run's last step) and stays there: as the policy masters the easy prompts
+    more of their groups are all correct, and as it learns the hard ones fewer are all
+    wrong (DAPO's accuracy curves; which way it drifts depends on the data).  A group's fate
+    is drawn with the run's seed from the rate at the version of the replica that
+    completes it.  ``start`` 1 and ``end`` null (the default): nothing is filtered.
+    """
+
+    start: float = option(1.0, "share of groups kept at the start (1: no filtering)", gt=0, le=1)
+    end: float | None = option(None, "share kept at the end of the drift; null: start throughout", gt=0, le=1)
+    steps: int | None = option(None, "steps the drift takes (null: the run's steps)", ge=1)
+
+    def at(self, step: float, steps: int) -> float:
+        """The keep rate at ``step`` (a policy version) of a run of ``steps`` steps."""
+        if self.end is None:
+            return self.start
+        span = (self.steps or steps) - 1
+        f = min(1.0, max(0.0, step / span)) if span > 0 else 1.0
+        return self.start * (1 - f) + self.end * f
+
+    def effective(self, steps: int) -> float:
+        """The run's mean keep rate as generation sees it: ``1 / mean(1 / k)`` over its steps
+        (a step generates ``batch / k`` groups)."""
+        return steps / sum(1.0 / self.at(k, steps) for k in range(steps)) if steps > 0 else self.start
+
+    @property
+    def filters(self) -> bool:
+        return self.start < 1.0 or (self.end is not None and self.end < 1.0)
+
+
+@dataclass(frozen=True)
 class Workload:
     prompts_per_step: int = option(64, "prompt groups per training step (GRPO batch)", ge=1)
     group_size: int = option(8, "responses per prompt", ge=1)
@@ -103,6 +138,10 @@ class Workload:
     @property
     def image_load(self) -> ImageLoad:
         return ImageLoad(self.images_per_prompt, self.image_pixels, self.image_bytes)
+    keep_rate: KeepRate = section(KeepRate, "DAPO's dynamic sampling: the share of groups kept, drifting")
+    max_num_gen_batches: int = option(
+        0, "dynamic sampling: at most this many batches of groups generated for one step, filtered ones "
+        "included; a step that needs more stops the run (veRL's max_num_gen_batches); 0: no cap", ge=0)
 
 
 @dataclass(frozen=True)

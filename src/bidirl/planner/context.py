@@ -32,6 +32,9 @@ class PlanContext:
     prior_scale: float = 1.0  # how far the scheduler's priors start off (cold_start)
     micro_samples: int | None = None  # sim.micro_batch_samples: a micro-batch's cap in sequences
     images: ImageLoad = ImageLoad()  # each prompt's images (their vision encoder's prefill)
+    # DAPO's dynamic sampling: the run's mean share of groups kept (workload.keep_rate,
+    # ``KeepRate.effective``); a step generates prompts_per_step / keep_rate groups
+    keep_rate: float = 1.0
     _memo: dict[tuple[str, int], object] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -50,6 +53,7 @@ class PlanContext:
             prior_scale=scenario.sim.prior_scale,
             micro_samples=scenario.sim.micro_batch_samples,
             images=w.image_load,
+            keep_rate=w.keep_rate.effective(steps or scenario.steps),
         )
 
     @property
@@ -71,6 +75,17 @@ class PlanContext:
     @property
     def responses_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
+
+    @property
+    def generated_groups_per_step(self) -> int:
+        """Groups rolled out per step: the trained ones and, with dynamic sampling, those
+        filtered and replaced (``prompts_per_step / keep_rate``)."""
+        return max(self.prompts_per_step, round(self.prompts_per_step / self.keep_rate))
+
+    @property
+    def generated_per_step(self) -> int:
+        """Responses rolled out per step (``generated_groups_per_step`` groups)."""
+        return self.generated_groups_per_step * self.group_size
 
     @property
     def tokens_per_step(self) -> float:

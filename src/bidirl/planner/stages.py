@@ -6,6 +6,12 @@ into constants once (``_Model``).  The helpers are the pieces the closed form
 ``_aux_theta``) are built from: the running sequences at a period (Little's law), the
 saturated rollout period, a batch's wait for group slots and its long tail, the units a
 lend can feed, and the step with auxiliary trainers.  Notation as in ``closed_form``.
+
+With DAPO's dynamic sampling the rollout side of a step is the groups it *generates*,
+``G / keep_rate`` (``PlanContext.generated_per_step``): ``B``, the decoded tokens, the
+prefill and the batch's tail are sized by them, the training side by the ``G`` groups it
+trains.  So a lower keep rate predicts a longer rollout period, a later batch and a split
+that gives rollout more devices.
 """
 
 from __future__ import annotations
@@ -87,7 +93,8 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
     t_aux = ctx.train_model(env.rollout_tp).microbatch_s(micro, L.train_seq_len)
     spans = _spans_nodes(env.rollout_devices, env.train_devices, hw.devices_per_node)
     w = ctx.cost("weight_sync_s", weight_sync_s(hw, ctx.model, ctx.devices > hw.devices_per_node))
-    per_replica = max(1, round(ctx.responses_per_step / env.rollout_replicas))
+    generated = ctx.generated_per_step  # B: responses rolled out per step (dynamic sampling: / keep rate)
+    per_replica = max(1, round(generated / env.rollout_replicas))
     c_roll, c_roll_in, c_train = _switch_costs(ctx, env)
     residual = ctx._cached(("residual", 0), lambda: Residual(L.quantiles))  # one per plan
     group_slots = max(1, env.rollout_concurrency // ctx.group_size)
@@ -95,14 +102,14 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
         a=a, beta=cc + k * L.running_context,
         cap=group_slots * ctx.group_size * L.mean / ctx.expected_max(ctx.group_size),
         group_slots=group_slots,
-        tokens=ctx.responses_per_step * L.mean,
+        tokens=generated * L.mean,
         longest_replica=ctx.expected_max(per_replica),
-        staggered=ctx.staggered_max(ctx.responses_per_step), residual=residual,
-        responses=ctx.responses_per_step,
+        staggered=ctx.staggered_max(generated), residual=residual,
+        responses=generated,
         group_size=ctx.group_size,
-        first_running=(ctx.staleness + 1) * ctx.responses_per_step * L.mean
-        / (env.rollout_replicas * ctx.expected_max(ctx.responses_per_step)),
-        prefill_step_s=ctx.prompts_per_step * prefill_group, prefill_group_s=prefill_group,
+        first_running=(ctx.staleness + 1) * generated * L.mean
+        / (env.rollout_replicas * ctx.expected_max(generated)),
+        prefill_step_s=ctx.generated_groups_per_step * prefill_group, prefill_group_s=prefill_group,
         micro_count=full + (t_rest / t_full if t_full > 0 else 0.0), micro_s=t_full,
         aux_micro_s=t_aux, max_rank_s=max_rank,
         overhead_s=tm.sync_s(env.train_dp, spans) + tm.optimizer_s(), weight_sync_s=w,

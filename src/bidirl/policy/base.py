@@ -102,11 +102,10 @@ def reclaim_away(s: ClusterState, units: Iterable[int]) -> Iterator[Reclaim]:
 
 
 def batch_micro_batches(s: ClusterState) -> list[MicroBatch]:
-    """Micro-batches of batch ``s.next_step``: its groups in id order, packed by tokens
+    """Micro-batches of batch ``s.next_step``: its (kept) groups in id order, packed by tokens
     (and capped in samples where the spec says so)."""
-    spec, b = s.spec, s.next_step
-    gids = range(b * spec.groups_per_step, (b + 1) * spec.groups_per_step)
-    return pack_micro_batches((s.lengths[g] for g in gids), spec.prompt_tokens,
+    spec = s.spec
+    return pack_micro_batches((s.lengths[g] for g in s.batch_groups(s.next_step)), spec.prompt_tokens,
                               spec.micro_batch_tokens, spec.micro_batch_samples)
 
 
@@ -142,7 +141,7 @@ def build_step(s: ClusterState, mbs: Sequence[MicroBatch], aux: Sequence[AuxExec
     order: chunk order = micro-batch order = merge order.
     """
     spec, b = s.spec, s.next_step
-    gids = tuple(range(b * spec.groups_per_step, (b + 1) * spec.groups_per_step))
+    gids = s.batch_groups(b)
     p_s, a_s = micro_means(s, mbs)
     plan = plan_chunks(len(mbs), p_s, spec.train_dp, aux, a_s)
     chunks = [Chunk(PRIMARY, tuple(range(plan.primary)))]

@@ -17,7 +17,10 @@ shortens by the decode model's step-time ratio (``_spread_tail``); the groups be
 home replicas' share start after C_in.  That is the whole gain of lending in the fill at
 t = 0, when the first batches fit on the home replicas but run there at a crowded batch.
 Everything comes from the calibrated stage-time models and online statistics in
-``controller.estimates``.
+``controller.estimates``.  With DAPO's dynamic sampling the queued work is the groups still
+to *generate*: the queued ones and the replacements the measured keep rate expects
+(``groups_to_generate``: ``(queued + in flight x (1 - k)) / k``), so a lend is judged on the
+extra rollout a batch needs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,18 @@ import math
 
 from bidirl.controller.state import ClusterState
 from bidirl.core.ledger import Pool
+
+
+def groups_to_generate(s: ClusterState, b: int) -> float:
+    """Expected groups still to start for batches ``next_step..b`` (DAPO's dynamic sampling):
+    the queued ones and the replacements of those the measured keep rate ``k`` says will be
+    filtered, of the queued and of the ones in flight: ``(queued + in_flight (1 - k)) / k``.
+    ``queued_groups(b)`` exactly while every group is kept (``k = 1``, the prior)."""
+    queued = s.queued_groups(b)
+    k = s.est.keep_rate.value
+    if k >= 1.0:
+        return float(queued)
+    return (queued + s.queue.in_flight(s.next_step, b) * (1.0 - k)) / k
 
 
 def ready_in(s: ClusterState, b: int, add: int = 0, add_delay_s: float = 0.0,
@@ -41,9 +56,9 @@ def ready_in(s: ClusterState, b: int, add: int = 0, add_delay_s: float = 0.0,
     cap, n = spec.replica_cap, spec.group_size
     mean_len = max(est.response_len.value, 1.0)
     active = max(s.units.home_replicas() + s.units.away[Pool.TRAIN], 1)  # + borrowed replicas
-    queued = s.queued_groups(b) * n
+    queued = groups_to_generate(s, b) * n
     # the admissible work: running + queued responses up to the staleness bound
-    work = s.units.total_load + s.queued_groups(min(spec.steps - 1, s.version + spec.staleness)) * n
+    work = s.units.total_load + groups_to_generate(s, min(spec.steps - 1, s.version + spec.staleness)) * n
     tail = est.tail_s(min(cap, work / active))  # (the prior, before any group completed, at this load)
     if remove and remove >= active:  # nothing rolls out until the first one is back
         return remove_s + ready_in(s, b, add, max(0.0, add_delay_s - remove_s))
@@ -54,7 +69,7 @@ def ready_in(s: ClusterState, b: int, add: int = 0, add_delay_s: float = 0.0,
         slow = est.step_slowdown(per_now, per_then)
         tail += (slow - 1.0) * min(tail, remove_s)
         active = kept
-    if queued == 0:
+    if queued <= 0:
         return max(0.0, s.queue.last_start[b] + tail - s.t)
     rate = est.replica_rate()
     free = max(0.0, active * cap - s.units.total_load)

@@ -52,18 +52,17 @@ def plan_fill(s: ClusterState, limit_batch: int) -> dict[int, list[int]]:
     replicas the batch boundary's), and a group fits only the units at its batch's version,
     so the shared greedy's "the least-loaded unit refuses: stop" is not enough: each group
     goes to the least-loaded unit *at its version* with room for it.  Partial groups first
-    (lowest id first), then fresh ones in id order; the state is not changed (the commits of
-    the ``AssignGroups`` built from the plan do that).  O(groups x units): this mode is for
-    small runs and tests.
+    (lowest id first), then fresh ones in id order, each bound to its batch as it is placed
+    (``BatchMembers.bind``; the commits of the ``AssignGroups`` built from the plan do the
+    rest).  O(groups x units): this mode is for small runs and tests.
     """
     spec, units, q = s.spec, s.units, s.queue
-    cap, need, gps, bound = spec.replica_cap, spec.group_size, spec.groups_per_step, spec.staleness
+    cap, need, bound = spec.replica_cap, spec.group_size, spec.staleness
     level = s._fill_level(limit_batch) if units.returning or units.arriving else cap
     load = {u: units.load[u] for u in range(spec.n_units) if units.accepting[u] and u not in units.draining}
     plan: dict[int, list[int]] = {}
 
-    def place(gid: int, n: int) -> bool:
-        b = gid // gps
+    def place(gid: int, b: int, n: int) -> bool:
         if b > limit_batch:
             return False
         want = generation_version(b, bound)
@@ -76,11 +75,11 @@ def plan_fill(s: ClusterState, limit_batch: int) -> dict[int, list[int]]:
         return True
 
     for gid in sorted(q.partial_seq):  # the partial groups waiting (the heap's valid entries)
-        place(gid, q.partial_left[gid])
-    fresh = q.next_fresh
-    while fresh < spec.total_groups:
-        if fresh not in q.ahead and not place(fresh, need):
+        place(gid, s.groups.groups[gid].batch, q.partial_left[gid])
+    members = q.members
+    while True:  # fresh groups in id order, each bound to its batch once placed
+        b = members.peek()
+        if b is None or not place(members.next_unbound, b, need):
             break
-        fresh += 1
+        members.bind()
     return plan
-

@@ -50,7 +50,7 @@ class RollLending:
         """How many units to lend, and whether the model says it pays."""
         spec, est = s.spec, s.est
         limit = min(spec.steps - 1, s.version + spec.staleness)
-        feedable = math.ceil(s.queued_groups(limit) * spec.group_size / spec.replica_cap)
+        feedable = math.ceil(predict.groups_to_generate(s, limit) * spec.group_size / spec.replica_cap)
         units = min(len(spec.train_units), feedable)
         if not self.guided:
             return admission.AdmissionDecision("roll_on_train", s.t, units, 0.0, 0.0,
@@ -62,8 +62,8 @@ class RollLending:
                    default=est.switch.estimate("roll_on_train.c_in"))
         # Borrowed replicas take the queue's head: judge every step up to its batch (the
         # next one at s = 1, up to b + s at larger bounds), not only the next two.
-        head = s.queue.head()
-        last = max(b + 1, min(limit, head // spec.groups_per_step if head is not None else b + 1))
+        head = s.head_batch()
+        last = max(b + 1, min(limit, head if head is not None else b + 1))
 
         def ready(add: int, delay: float) -> tuple[float, ...]:
             return tuple(predict.ready_in(s, k, add, delay) for k in range(b, last + 1))

@@ -2,8 +2,9 @@
 
 The executor calls ``StepBoundary.after_step`` when the primary trainer has applied a step,
 before the controller has seen the step finish (so the primary trainer is idle).  In order:
-the step's groups go to the ledger (``trained_groups.jsonl``), their figures are read and a
-few responses sampled, the groups leave the store, the step's reward is kept, the metrics
+the step's groups go to the ledger (``trained_groups.jsonl``; with dynamic sampling, the
+groups filtered for the step as well), their figures are read and a few responses sampled,
+the groups leave the store (the filtered ones too), the step's reward is kept, the metrics
 are reported (``reporting.StepReporter``); then the boundary moves on, a validation is
 requested every ``run.val_every`` steps, a checkpoint is written every
 ``run.checkpoint_every`` steps and at the last step always, and at the first boundary after
@@ -49,10 +50,13 @@ class StepBoundary:
     def after_step(self, rec) -> None:
         """Called by the executor when the primary trainer has applied step ``rec.step``."""
         cfg, store = self.cfg, self.ex.job.store
-        self.ledger.append_step(rec.step, rec.group_ids, rec.staleness)
+        filtered = self.ex.rollout.filtered_of(rec.step)
+        if cfg.algorithm.filter_groups.enable:
+            rec.filtered = filtered
+        self.ledger.append_step(rec.step, rec.group_ids, rec.staleness, filtered)
         groups = StepGroups.read(store, rec.group_ids)  # before the groups are retired
         self.reporter.train_samples(rec, store)
-        for g in rec.group_ids:
+        for g in rec.group_ids + filtered:
             store.pop(g)
         self.rewards_by_step[rec.step] = statistics.mean(rec.rewards)
         self.reporter.report_step(rec, groups)

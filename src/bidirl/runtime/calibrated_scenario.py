@@ -36,7 +36,10 @@ What the scenario holds, and where each figure comes from:
 * ``workload``: prompts per step, group size, the trained prompts' mean length, and the
   response lengths *as measured*, response by response in group-id order
   (``dist: empirical``): batch ``b`` of the simulation gets the lengths batch ``b`` of the
-  run had, so lengths that shift over the run are replayed as they shifted.
+  run had, so lengths that shift over the run are replayed as they shifted.  A run with
+  dynamic sampling (``algorithm.filter_groups``) adds ``keep_rate``: the share of groups
+  kept, fitted as a line over the versions the groups completed at (``keep_rate_fit``), and
+  ``max_num_gen_batches``; its lengths are every generated group's, cycled.
 
 ``scenario_dict(RunFacts)`` is pure (tested on a fake run); ``write`` gathers the facts
 from a finished executor and writes both files.
@@ -90,6 +93,7 @@ class RunFacts:
     rollout_busy_s: float | None = None  # device-seconds the replicas were busy generating
     throughput_tokens_per_s: float | None = None  # what the run measured (for the description)
     micro_batch_samples: int | None = None  # the trainer's sequences per micro-batch
+    max_num_gen_batches: int = 0  # dynamic sampling's cap (algorithm.filter_groups)
 
 
 def model_entry(spec: ClusterSpec) -> str | dict:
@@ -112,6 +116,8 @@ def profile_records(profile) -> list[dict]:
         if isinstance(ev, GroupsCompleted):
             rec.update(replica=ev.replica, group_ids=list(ev.group_ids),
                        response_lengths=[list(x) for x in ev.response_lengths])
+            if ev.filtered:
+                rec["filtered"] = list(ev.filtered)
         elif isinstance(ev, (StageMeasured, WeightsSynced, TrainStepFinished)):
             rec.update({k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(ev).items()})
         out.append(rec)
@@ -174,15 +180,41 @@ def _startup(records: list[dict]) -> float:
     return max(0.0, first["t"] - first["seconds"]) if first else 0.0
 
 
-def response_lengths(records: list[dict], groups: int, group_size: int) -> list[int]:
-    """Every trained response's length, in group-id order (groups ``0 .. groups-1``)."""
+def response_lengths(records: list[dict], groups: int | None, group_size: int) -> list[int]:
+    """Every trained response's length, in group-id order (groups ``0 .. groups-1``; None:
+    every group that completed, as a run with dynamic sampling generated them)."""
     by_group: dict[int, list[int]] = {}
     for r in records:
         if r["event"] == "GroupsCompleted":
             for g, lens in zip(r["group_ids"], r["response_lengths"]):
-                if g < groups:
+                if groups is None or g < groups:
                     by_group[g] = [max(1, int(x)) for x in lens][:group_size]
     return [x for g in sorted(by_group) for x in by_group[g]]
+
+
+def keep_rate_fit(records: list[dict], steps: int) -> dict | None:
+    """Dynamic sampling's keep rate as the simulator's ``workload.keep_rate``: a least-squares
+    line of "kept" (1 or 0) over the version each group completed at (the steps finished
+    before it), its values at version 0 and ``steps - 1``, within [0.01, 1].  None: the run
+    filtered nothing."""
+    finished = sorted(r["t"] for r in records if r["event"] == "TrainStepFinished")
+    points = []
+    for r in records:
+        if r["event"] == "GroupsCompleted" and "filtered" in r:
+            version = sum(1 for t in finished if t <= r["t"])
+            points += [(version, 0.0 if f else 1.0) for f in r["filtered"]]
+    if not points or all(y == 1.0 for _, y in points):
+        return None
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    var = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / var if var > 0 else 0.0
+
+    def clip(v: float) -> float:
+        return round(min(1.0, max(0.01, v)), 4)
+
+    start, end = clip(my - slope * mx), clip(my + slope * (max(1, steps) - 1 - mx))
+    return {"start": start, "end": end} if end != start else {"start": start}
 
 
 def scenario_dict(f: RunFacts) -> dict:
@@ -216,8 +248,8 @@ def scenario_dict(f: RunFacts) -> dict:
     costs = {f"{k.replace('.', '_')}_s": _median(measured[k] or warm[k]) for k in SWITCHES}
     costs["train_on_roll_c_grad_s"] = _median(y for _, y in _samples(recs, "train_on_roll.c_grad"))
     costs["weight_sync_s"] = _median(syncs)
-    groups = f.steps * f.prompts_per_step
-    lengths = response_lengths(recs, groups, f.group_size)
+    keep = keep_rate_fit(recs, f.steps)
+    lengths = response_lengths(recs, None if keep else f.steps * f.prompts_per_step, f.group_size)
     if not lengths:
         raise ValueError("the run completed no group: nothing to calibrate a scenario from")
     notes = ", ".join(f"{s} {n} samples, median error {e:.3f}, mean scale {k:.2f}"
@@ -235,7 +267,8 @@ def scenario_dict(f: RunFacts) -> dict:
             "prompts_per_step": f.prompts_per_step, "group_size": f.group_size,
             "prompt_tokens": max(1, round(f.prompt_tokens)),
             "response_length": {"dist": "empirical", "min": 1, "max": max(f.max_new_tokens, max(lengths)),
-                                "values": lengths},
+                                "values": lengths, **({"order": "cycle"} if keep else {})},
+            **({"keep_rate": keep, "max_num_gen_batches": f.max_num_gen_batches} if keep else {}),
         },
         "pools": {"rollout_devices": f.rollout_devices, "train_devices": f.train_devices, "rollout_tp": 1,
                   "train": {"dp": f.train_devices, "tp": 1}},
@@ -283,7 +316,8 @@ def facts(cfg, rt, intervals=None, wall: float | None = None) -> RunFacts:
         micro_batch_samples=spec.micro_batch_samples, replica_cap=spec.replica_cap,
         profile=profile_records(rt.profile), switches=list(rt.switches),
         priors={s: list(m.theta) for s, m in est.models.items() if s in STAGES},
-        rollout_busy_s=busy, throughput_tokens_per_s=tokens / wall if wall > 0 else None)
+        rollout_busy_s=busy, throughput_tokens_per_s=tokens / wall if wall > 0 else None,
+        max_num_gen_batches=spec.max_gen_batches)
 
 
 def write(run_dir: Path, cfg, rt, intervals=None, wall: float | None = None) -> Path | None:
@@ -333,7 +367,7 @@ def facts_from_run_dir(run_dir: Path) -> RunFacts:
         prompt_tokens=prompt, max_new_tokens=spec.max_response_tokens, micro_batch_tokens=spec.micro_batch_tokens,
         micro_batch_samples=spec.micro_batch_samples, replica_cap=spec.replica_cap, profile=records,
         switches=[(k, s) for k, s in summary.get("switches", [])], rollout_busy_s=busy,
-        throughput_tokens_per_s=summary.get("throughput_tokens_per_s"))
+        throughput_tokens_per_s=summary.get("throughput_tokens_per_s"), max_num_gen_batches=spec.max_gen_batches)
 
 
 def main(argv: list[str] | None = None) -> int:

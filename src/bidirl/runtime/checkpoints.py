@@ -157,13 +157,27 @@ def checkpoint_problem(ckpt: Path) -> tuple[str | None, dict | None]:
 
 
 def ledger_problem(records: list[dict], next_step: int, prompts_per_step: int) -> str | None:
-    """Why the ledger's records before ``next_step`` are not every group of those steps once."""
+    """Why the ledger's records before ``next_step`` are not every group of those steps once.
+
+    Without dynamic sampling the steps' groups are ids ``0 .. next_step x prompts_per_step
+    - 1``; with it (records with ``"outcome": "filtered"``) each step has
+    ``prompts_per_step`` trained groups and no group has two records."""
     from collections import Counter
 
     try:
-        counts = Counter(int(r["group"]) for r in records if int(r["step"]) < next_step)
+        before = [(int(r["group"]), int(r["step"]), r.get("outcome") == "filtered") for r in records
+                  if int(r["step"]) < next_step]
     except (KeyError, TypeError, ValueError):
         return "trained_groups.jsonl: a record without group and step"
+    counts = Counter(g for g, _, _ in before)
+    if any(filtered for _, _, filtered in before):
+        per_step = Counter(step for _, step, filtered in before if not filtered)
+        short = [k for k in range(next_step) if per_step[k] != prompts_per_step]
+        twice = [g for g, c in counts.items() if c > 1]
+        if short or twice:
+            return (f"trained_groups.jsonl: steps < {next_step} must each train {prompts_per_step} groups and "
+                    f"every group have one record ({len(short)} steps short or over, {len(twice)} groups twice)")
+        return None
     expected = next_step * prompts_per_step
     missing = [g for g in range(expected) if counts[g] == 0]
     twice = [g for g, c in counts.items() if c > 1 or g >= expected]
@@ -245,19 +259,27 @@ def write_checkpoint(ckpt_root: Path, next_step: int, ex, store, cursor, rewards
 def _boundary_state(next_step: int, ex, store, cursor, rewards_by_step: dict[int, float],
                     prompts_per_step: int) -> dict:
     """``state.json``: the prompt cursor, the groups of steps from ``next_step`` on (each
-    in-flight response with the prefix its replica has generated so far) and the rewards."""
+    in-flight response with the prefix its replica has generated so far; a group dynamic
+    sampling filtered too, until its step is recorded), the id the next new group gets
+    (``next_group``: with filtered groups replaced, a step's groups are not a run of ids)
+    and the rewards."""
     partials = []
     for u in ex.rollout.serving():
         partials += ex.call_now(ex.unit_device(u), "call", "rollout", "snapshot")
-    offset = next_step * prompts_per_step
+    ex.rollout.sync_batches()  # the steps the controller has the groups in now
     state = store.state_dict()
-    state["groups"] = [g for g in state["groups"] if g["group_id"] >= offset]
+
+    def step_of(g: dict) -> int:  # a group not yet assigned in this session: its id's step
+        return g["group_id"] // prompts_per_step if g.get("batch") is None else g["batch"]
+
+    state["groups"] = [g for g in state["groups"] if step_of(g) >= next_step]
     by_gid = {g["group_id"]: g for g in state["groups"]}
     for p in partials:
         g = by_gid.get(p.group_id)
         if g is not None and all(r["index"] != p.index for r in g["done"]):
             g["partial"] = [r for r in g["partial"] if r["index"] != p.index] + [asdict(p)]
     return {"next_step": next_step, "cursor": cursor.state_dict(), "store": state,
+            "next_group": ex.rollout.next_group_id(),
             "rewards_by_step": {k: v for k, v in rewards_by_step.items() if k < next_step}}
 
 

@@ -239,6 +239,9 @@ def _check(c: TrainConfig) -> TrainConfig:
     need(c.rollout.min_new_tokens <= c.rollout.max_new_tokens, "rollout.min_new_tokens",
          f"at most rollout.max_new_tokens ({c.rollout.max_new_tokens})", c.rollout.min_new_tokens)
     need(c.data.val_max_samples != 0, "data.val_max_samples", "-1 (all) or at least 1", 0)
+    need(not (c.algorithm.filter_groups.enable and c.scheduler.reproducible), "algorithm.filter_groups.enable",
+         "false with scheduler.reproducible=true (which step a replacement group joins depends on when groups "
+         "complete, so the weights would depend on the timing)", True)
     ob = c.algorithm.overlong_buffer
     if ob.enable:
         need(ob.len is not None and ob.len < c.rollout.max_new_tokens, "algorithm.overlong_buffer.len",

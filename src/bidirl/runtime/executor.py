@@ -49,6 +49,7 @@ from bidirl.frame.hosting import Hosting
 from bidirl.frame.pump import EventPump
 from bidirl.runtime.calls import CallBook
 from bidirl.runtime.exits import primary_trainer_lost
+from bidirl.runtime.group_ids import GroupIds
 from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.rollout_driver import RolloutDriver
 from bidirl.runtime.train_driver import TrainDriver
@@ -66,7 +67,7 @@ class Job:
     decode: Callable[[list[int]], str]
     rollout_kwargs: dict
     trainer_kwargs: dict  # model_dir, config: what an auxiliary trainer is brought up with
-    group_offset: int = 0  # resume: controller ids are local, the store's are global
+    ids: GroupIds = field(default_factory=GroupIds)  # resume: controller ids are local, the store's global
     version_offset: int = 0
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # the advantage estimator's settings
 

@@ -22,6 +22,11 @@ DAPO's overlong shaping (``algorithm.overlong_buffer``) is added here to each go
 extra keys ``overlong_reward`` and ``overlong`` (1 if penalised); a bad reward scored 0 is
 not shaped.
 
+With DAPO's dynamic sampling (``algorithm.filter_groups``) a group is scored as soon as it
+completes (``runtime/rollout_driver.py``) and marked ``filtered`` when its rewards are all
+equal; it stays here until its step is recorded.  Each group also keeps its step
+(``batch``), for checkpoints.
+
 Every call goes through the run's :class:`~bidirl.runtime.reward_call.RewardGuard`
 (``data.reward_timeout_s``): a call that hangs is abandoned and one that raises
 ``SystemExit``/``KeyboardInterrupt`` is a bad reward like any other.  Under ``zero``, a run
@@ -161,6 +166,8 @@ class GroupRecord:
     rewards: dict[int, float] = field(default_factory=dict)
     bad: dict[int, str] = field(default_factory=dict)  # response index -> why it scored 0
     extras: dict[int, dict[str, float]] = field(default_factory=dict)  # a dict reward's other numbers
+    batch: int | None = None  # the step it belongs to (global), once the controller assigned it
+    filtered: bool = False  # dynamic sampling: complete with all rewards equal, kept until its step is recorded
 
     @property
     def complete(self) -> bool:
@@ -334,8 +341,11 @@ class GroupStore:
 
     # -- checkpoint -------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """Every group's prompt, step and responses (rewards are scored again, and a filtered
+        group judged again, when a resumed run completes it)."""
         return {"n": self.n, "groups": [
-            {**{k: v for k, v in asdict(rec).items() if k not in ("done", "partial", "rewards", "bad", "extras")},
+            {**{k: v for k, v in asdict(rec).items()
+                if k not in ("done", "partial", "rewards", "bad", "extras", "filtered")},
              "done": [asdict(r) for r in rec.done.values()],
              "partial": [asdict(r) for r in rec.partial.values()]}
             for rec in self.groups.values()]}
@@ -347,4 +357,5 @@ class GroupStore:
                               g["ground_truth"], g["extra_info"], g["n"])
             rec.done = {r["index"]: ResponseResult(**r) for r in g["done"]}
             rec.partial = {r["index"]: ResponseResult(**r) for r in g["partial"]}
+            rec.batch = g.get("batch")  # a checkpoint from before it was kept: None (ids were steps)
             self.groups[rec.group_id] = rec

@@ -14,7 +14,9 @@ A dict reward's extra keys are logged as ``reward/extra/<key>`` means.  Validati
 with a few training responses every ``run.train_samples_every`` steps.  The guards against bad numbers report
 here too: ``reward/bad_count`` (rewards scored 0 under ``data.on_bad_reward=zero``) and
 ``actor/skipped_steps`` (steps skipped for a non-finite loss or gradient) per step, and
-their totals in ``summary.json`` (``reward_bad_count``, ``skipped_steps``).
+their totals in ``summary.json`` (``reward_bad_count``, ``skipped_steps``).  With dynamic
+sampling (``algorithm.filter_groups``) each step logs ``filter/groups_filtered`` and
+``filter/keep_rate`` (its trained groups over trained + filtered).
 
 The metrics of a step are a pure function (``step_metrics``) of the step's record, its
 groups as the store held them (``StepGroups``) and what the executor saw since the step
@@ -109,6 +111,10 @@ def step_metrics(rec, groups: StepGroups, seen: SinceLastStep, max_new_tokens: i
         "staleness/max": max(rec.staleness),
         "borrow/aux_chunks": sum(1 for ex, _ in rec.chunks if ex != "primary"),
     }
+    if rec.filtered is not None:  # dynamic sampling: groups filtered for this step, and the share kept
+        trained = len(rec.group_ids)
+        m["filter/groups_filtered"] = len(rec.filtered)
+        m["filter/keep_rate"] = trained / (trained + len(rec.filtered))
     # A stage model's error exists once one of its predictions has been scored; before
     # that the key is left out (None would be logged as a skipped metric on every run).
     for name, error in seen.model_errors.items():

@@ -5,10 +5,16 @@ in flight per replica while it has responses outstanding.  A poll returns as soo
 response finished, with the decode/prefill measurements since the last one; they become
 ``GroupsCompleted`` and ``StageMeasured`` events.  Requests, weights and reclaims reach the
 replica beside the poll, so a reclaim waits for at most the decode step in progress.
+
+With DAPO's dynamic sampling (``algorithm.filter_groups.enable``) a group is scored the
+moment it completes and judged (``algo/dynamic_sampling.zero_spread`` on its training
+rewards): the verdict goes to the controller in ``GroupsCompleted.filtered``, and a filtered
+group stays in the store, marked, until its step is recorded (``runtime/boundary.py``).
 """
 
 from __future__ import annotations
 
+from bidirl.algo.dynamic_sampling import zero_spread
 from bidirl.controller.actions import AssignGroups
 from bidirl.controller.events import GroupsCompleted, GroupsInterrupted, StageMeasured
 from bidirl.controller.state import Phase
@@ -64,13 +70,15 @@ class RolloutDriver:
 
     def assign(self, a: AssignGroups) -> None:
         ex, u = self.ex, a.replica
-        store, goff = ex.job.store, ex.job.group_offset
+        store, ids = ex.job.store, ex.job.ids
+        by_id = ex.controller.state.groups.groups  # the step the controller bound each group to
         reqs = []
         now = ex.now()
         for gid in a.group_ids:
-            g = gid + goff
+            g = ids.global_id(gid)
             self.assigned_at.setdefault(g, now)
             self._create_through(g)
+            store.groups[g].batch = by_id[gid].batch + ex.job.version_offset
             self.groups[u].add(g)
             if store.groups[g].complete:  # restored from a checkpoint
                 ex.deliver(self._completed(u, [g]))
@@ -90,14 +98,35 @@ class RolloutDriver:
         second prompt), so every policy and replica count trains the same data order.
         """
         store = self.ex.job.store
-        if self._next_new is None:  # fresh: the resume offset; resumed: after what the store holds
-            self._next_new = max([self.ex.job.group_offset] + [k + 1 for k in store.groups])
+        if self._next_new is None:  # fresh: 0; resumed: the checkpoint's next group, after what the store holds
+            self._next_new = max([self.ex.job.ids.first_new] + [k + 1 for k in store.groups])
         while self._next_new <= g:
             if self._next_new not in store.groups:
                 self.ex.job.new_group(self._next_new)
             self._next_new += 1
         if g not in store.groups:  # below the counter yet missing: cannot happen, but never skip one
             self.ex.job.new_group(g)
+
+    def sync_batches(self) -> None:
+        """Each stored group's step as the controller has it now: with dynamic sampling a group
+        may move to another step while it generates (``controller/batches.py``); a group the
+        controller has not assigned yet (restored from a checkpoint) keeps the one it had."""
+        job, by_id = self.ex.job, self.ex.controller.state.groups.groups
+        for g, rec in job.store.groups.items():
+            local = job.ids.local_id(g)
+            if local in by_id:
+                rec.batch = by_id[local].batch + job.version_offset
+
+    def filtered_of(self, step: int) -> tuple[int, ...]:
+        """The stored groups filtered from ``step`` (global), in id order (its ledger records)."""
+        self.sync_batches()
+        return tuple(sorted(g for g, rec in self.ex.job.store.groups.items() if rec.filtered and rec.batch == step))
+
+    def next_group_id(self) -> int:
+        """The global id the next new group gets (a checkpoint's ``next_group``)."""
+        if self._next_new is None:
+            return max([self.ex.job.ids.first_new] + [k + 1 for k in self.ex.job.store.groups])
+        return self._next_new
 
     def ensure_run(self, u: int) -> None:
         ex = self.ex
@@ -157,12 +186,18 @@ class RolloutDriver:
         return burst.beyond_median_s
 
     def _completed(self, u: int, gids: list[int]) -> GroupsCompleted:
-        store, now = self.ex.job.store, self.ex.now()
+        job, now = self.ex.job, self.ex.now()
+        store = job.store
         for g in gids:
             self.groups[u].discard(g)
             self.completed_at[g] = now
         lengths = tuple(tuple(len(store.groups[g].done[i].token_ids) for i in range(store.n)) for g in gids)
-        return GroupsCompleted(u, tuple(g - self.ex.job.group_offset for g in gids), lengths)
+        filtered: tuple[bool, ...] = ()
+        if job.algorithm.filter_groups.enable:  # scored now: the verdict is the controller's to act on
+            filtered = tuple(zero_spread(store.score(g, job.reward_fn, job.decode)) for g in gids)
+            for g, f in zip(gids, filtered):
+                store.groups[g].filtered = f
+        return GroupsCompleted(u, tuple(job.ids.local_id(g) for g in gids), lengths, filtered)
 
     def gen_seconds(self, gids) -> float | None:
         """Wall seconds from the first assignment of any of these groups to the last completion
@@ -214,7 +249,7 @@ class RolloutDriver:
         self.groups[u].clear()
         if gids:
             ex.deliver(GroupsInterrupted(
-                u, tuple(g - ex.job.group_offset for g in gids), tuple(store.versions(g)[2] for g in gids),
+                u, tuple(ex.job.ids.local_id(g) for g in gids), tuple(store.versions(g)[2] for g in gids),
                 tuple(store.n - len(store.groups[g].done) for g in gids)))
 
     def serving(self) -> list[int]:

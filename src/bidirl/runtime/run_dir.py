@@ -178,14 +178,20 @@ def truncate_ledger(path: Path, next_step: int) -> None:
 
 
 class LedgerFile:
-    """``trained_groups.jsonl``, open for appending: one line per trained group, flushed per step."""
+    """``trained_groups.jsonl``, open for appending: one line per trained group, flushed per step.
+
+    With dynamic sampling (``algorithm.filter_groups``) the step's filtered groups follow its
+    trained ones, ``{"group": g, "step": k, "outcome": "filtered"}``: an outcome like
+    training, so the audit accounts for every group, and cut back with its step on resume."""
 
     def __init__(self, path: Path) -> None:
         self.file = path.open("a")
 
-    def append_step(self, step: int, group_ids, staleness) -> None:
+    def append_step(self, step: int, group_ids, staleness, filtered=()) -> None:
         for g, st in zip(group_ids, staleness):
             self.file.write(json.dumps({"group": g, "step": step, "staleness": st}) + "\n")
+        for g in filtered:
+            self.file.write(json.dumps({"group": g, "step": step, "outcome": "filtered"}) + "\n")
         self.file.flush()
 
     def close(self) -> None:

@@ -56,4 +56,7 @@ def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float, per_node: int
         max_response_tokens=cfg.rollout.max_new_tokens,
         prior_scale=1.0,
         reproducible=cfg.scheduler.reproducible,
+        filter_groups=cfg.algorithm.filter_groups.enable,
+        max_gen_batches=(cfg.algorithm.filter_groups.max_num_gen_batches
+                         if cfg.algorithm.filter_groups.enable else 0),
     )

@@ -3,7 +3,8 @@ the ledger audit and ``admissions.jsonl``.
 
 ``run_summary`` is ``RunResult``'s names (what ``bidirl simulate`` writes, ``run_result``)
 plus what training adds: rewards, the audit of the ledger of trained groups (every group of
-every step trained exactly once, staleness within the bound; ``audit``), idle ratios,
+every step trained exactly once or, with dynamic sampling, filtered once, staleness within
+the bound; ``audit``; ``groups_filtered`` and ``keep_rate``), idle ratios,
 switches, admission counts and where the devices were.
 """
 
@@ -44,22 +45,34 @@ def write_admissions(path: Path, decisions: list) -> None:
             f.write(json.dumps(decision_record(d)) + "\n")
 
 
-def audit(ledger_path: Path, cfg: TrainConfig, upto: int | None = None) -> dict:
+def audit(ledger_path: Path, cfg: TrainConfig, upto: int | None = None, created: int | None = None,
+          pending=()) -> dict:
     """Every group of every step (before ``upto``, default ``run.steps``) trained exactly
-    once; staleness within the bound.
+    once, or filtered exactly once (dynamic sampling), never both; staleness within the bound.
 
     Read from ``trained_groups.jsonl``, which spans resumes, and checked by the one
-    ledger audit (``core.ledger.audit_trained``) the controller's ledger uses too.
+    ledger audit (``core.ledger.audit_trained``) the controller's ledger uses too.  The
+    groups expected: ids ``0 .. created - 1`` (``created``: the run's next group id; by
+    default ``upto x prompts_per_step``, or past the highest id recorded when groups were
+    filtered) but the ``pending`` ones, groups of later steps still in the store.
     """
-    counts, staleness = Counter(), {}
+    counts, filtered, staleness = Counter(), Counter(), {}
     for rec in read_jsonl(ledger_path)[0]:
+        if rec.get("outcome") == "filtered":
+            filtered[rec["group"]] += 1
+            continue
         counts[rec["group"]] += 1
         staleness[rec["group"]] = max(staleness.get(rec["group"], 0), rec["staleness"])
     steps = cfg.run.steps if upto is None else upto
-    expected = range(steps * cfg.rollout.prompts_per_step)
-    a = audit_trained(expected, counts, staleness, cfg.scheduler.staleness)
+    if created is None:
+        created = (max([*counts, *filtered]) + 1 if filtered else steps * cfg.rollout.prompts_per_step)
+    skip = set(pending)
+    expected = [g for g in range(created) if g not in skip]
+    a = audit_trained(expected, counts, staleness, cfg.scheduler.staleness, filtered)
     return {"groups_expected": a.groups_total, "groups_trained": a.groups_trained,
+            "groups_filtered": a.groups_filtered, "keep_rate": round(a.keep_rate, 4),
             "groups_lost": len(a.groups_lost), "trained_twice": len(a.trained_twice),
+            "filtered_twice": len(a.filtered_twice),
             "max_staleness": a.max_staleness, "mean_staleness": round(a.mean_staleness, 4),
             "staleness_ok": not a.staleness_violations, "ok": a.ok}
 
@@ -72,7 +85,9 @@ def run_summary(cfg: TrainConfig, ledger_path: Path, rewards_by_step: dict[int, 
     stopped early is audited over the steps it applied (``upto``).  ``steps`` counts the run's
     steps across its resumes, as the audit does; ``segment_steps`` those of this process, over
     which the throughput and step times are measured."""
-    checked = audit(ledger_path, cfg, upto)
+    # the groups this run created, but those of later steps still in the store (a stopped run's)
+    created = ex.rollout.next_group_id() if ex else None
+    checked = audit(ledger_path, cfg, upto, created, ex.job.store.groups if ex else ())
     rewards = [rewards_by_step[k] for k in sorted(rewards_by_step)]
     result = run_result(cfg, wall, ex, intervals, checked, tally).to_json() if ex else {
         "steps": cfg.run.steps, "wall_s": 0.0, "throughput_tokens_per_s": 0.0, "borrows": {}}
@@ -84,7 +99,8 @@ def run_summary(cfg: TrainConfig, ledger_path: Path, rewards_by_step: dict[int, 
         "reward_first_50": statistics.mean(rewards[:50]) if rewards else None,
         "reward_last_50": statistics.mean(rewards[-50:]) if rewards else None,
         "rewards": rewards,
-        "groups_trained": checked["groups_trained"], "audit": checked, "audit_ok": checked["ok"],
+        "groups_trained": checked["groups_trained"], "groups_filtered": checked["groups_filtered"],
+        "keep_rate": checked["keep_rate"], "audit": checked, "audit_ok": checked["ok"],
         "idle_ratio": idle_ratios(intervals) if intervals else {},
         "switches": ex.switches if ex else [],
         "reclaim_waits": ex.reclaim_waits if ex else [],
@@ -125,7 +141,9 @@ def run_result(cfg: TrainConfig, wall: float, ex, intervals, audit: dict, tally=
         borrows={"roll_on_train": lends["roll_on_train"], "train_on_roll": lends["train_on_roll"]},
         ideal_tokens_per_s=ideal, efficiency=throughput / ideal if ideal else 0.0,
         staleness={"mean": audit["mean_staleness"], "max": float(audit["max_staleness"])},
-        groups_trained=audit["groups_trained"], groups_lost=audit["groups_lost"] + audit["trained_twice"],
+        groups_trained=audit["groups_trained"],
+        groups_lost=audit["groups_lost"] + audit["trained_twice"] + audit["filtered_twice"],
+        groups_filtered=audit["groups_filtered"], keep_rate=audit["keep_rate"],
         trace_sha256=ex.clock.stream_sha256(), devices=devices, seed=cfg.run.seed,
         step_times_s=[b - a for a, b in zip(ends, ends[1:])],
         stage_model_median_error=ex.controller.state.est.median_errors(),

@@ -14,7 +14,8 @@ weights as a Hugging Face model directory ``model/``, its optimizer and version 
 created but not yet trained — complete ones with their responses, in-flight ones with
 their partial prefixes (snapshotted from the replicas without aborting them).  A resumed
 run starts a fresh controller whose group ids and versions are offset by the checkpoint's
-step, so the scheduling state needs no serialisation, and the ledger of trained groups
+step (group ids: the checkpoint's groups first, then its next group id on,
+``group_ids.GroupIds``), so the scheduling state needs no serialisation, and the ledger of trained groups
 and ``metrics.jsonl`` are cut back to the checkpoint: no group is lost, none is trained
 twice, no step is reported twice.
 
@@ -48,7 +49,10 @@ its first boundary, before any step.
 A step whose loss or gradient norm is not finite under ``trainer.on_nonfinite=stop``
 (``NonFiniteStepError``, maybe wrapped by Ray) ends the loop with the primary trainer's
 weights and optimizer untouched and the failed step's groups still in the store, so the
-same boundary checkpoint is written before the error is reported (exit status 2).
+same boundary checkpoint is written before the error is reported (exit status 2).  A step
+that needs more groups than ``algorithm.filter_groups.max_num_gen_batches`` allows
+(``GenerationCapError``, from the controller) stops the same way, with one line naming the
+option and the keep rate seen.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ import sys
 from pathlib import Path
 
 from bidirl.algo.data import PromptCursor
+from bidirl.controller.queue import GenerationCapError
 from bidirl.engines.trainer_config import NonFiniteStepError
 from bidirl.models.tiny import load_tokenizer
 from bidirl.obs.accounting import clip_intervals
@@ -69,6 +74,7 @@ from bidirl.runtime.checkpoints import ResumeError, complete_checkpoints, publis
 from bidirl.runtime.cluster import ray_session_started
 from bidirl.runtime.config import TrainConfig
 from bidirl.runtime.executor import Job
+from bidirl.runtime.group_ids import GroupIds
 from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.launch import node_lost, start_executor, worker_settings
 from bidirl.runtime.placement import check_machine_fits, place
@@ -87,7 +93,7 @@ from bidirl.runtime.reporting import StepReporter
 from bidirl.runtime.run_dir import LEDGER, truncate_ledger
 from bidirl.runtime.run_spec import build_spec
 from bidirl.runtime.run_summary import run_summary, write_admissions
-from bidirl.runtime.stops import StopSignals, nonfinite_step_error
+from bidirl.runtime.stops import StopSignals, clean_stop_error
 from bidirl.runtime.validation import Validator, ValSet, score_validation
 
 
@@ -110,6 +116,7 @@ class TrainSession:
         self.boundary: StepBoundary | None = None  # once the executor runs
         self._chosen: tuple[Path | None, dict | None] | None = None  # prepare_resume's answer
         self.placement = None  # runtime/placement.Placement: the node of each device, once placed
+        self.group_ids = GroupIds()  # the controller's ids to the run's (runtime/group_ids.py), on resume
         self.train_devices: tuple[int, ...] = ()
 
     @property
@@ -171,6 +178,9 @@ class TrainSession:
             if state is not None:
                 cursor.load_state_dict(state["cursor"])
                 store.load_state_dict(state["store"])
+                pps = cfg.rollout.prompts_per_step  # a checkpoint without next_group: ids were steps x pps
+                first_new = state.get("next_group", max([self.start_step * pps] + [g + 1 for g in store.groups]))
+                self.group_ids = GroupIds.resumed({g: r.batch for g, r in store.groups.items()}, first_new, pps)
                 print(f"[bidirl] resuming from {ckpt} at step {self.start_step} "
                       f"({len(store.groups)} buffered or in-flight groups)", file=sys.stderr)
             elif self.resume:
@@ -192,7 +202,7 @@ class TrainSession:
         rollout_kwargs, trainer_config = worker_settings(cfg, model_dir, fit.max_model_len)
         job = Job(stream.store, stream.new_group, reward_fn, stream.decode, rollout_kwargs,
                   trainer_kwargs={"model_dir": model_dir, "config": trainer_config},
-                  group_offset=self.start_step * cfg.rollout.prompts_per_step, version_offset=self.start_step,
+                  ids=self.group_ids, version_offset=self.start_step,
                   algorithm=cfg.algorithm)
         ex, self.train_devices = start_executor(cfg, policy, spec, placement, job, ckpt, self.wrap_backend)
         self.placement = placement
@@ -221,7 +231,7 @@ class TrainSession:
             if ex.validator is not None and ex.controller.finished and cfg.run.val_every:
                 ex.validator.final(cfg.run.steps)  # the final weights, before the outputs are written
         except Exception as e:
-            failed = nonfinite_step_error(e)
+            failed = clean_stop_error(e)
             if failed is None:
                 lost = node_lost(e, self.placement, self.train_devices, self.run_dir)
                 if lost is not None:
@@ -255,6 +265,10 @@ class TrainSession:
         reporter.finish(summary, intervals, final_step=cfg.run.steps if finished else boundary.next_step)
         write_admissions(self.run_dir / "admissions.jsonl", ex.controller.state.admissions)
         calibrated_scenario.write(self.run_dir, cfg, ex, intervals, wall=loop_wall)  # this run, for the simulator
+        if isinstance(failed, GenerationCapError):
+            option = "algorithm.filter_groups.max_num_gen_batches"
+            raise failed.named(option, self.start_step, f"; checkpoint of step {boundary.next_step} written; resume "
+                               f"with: bidirl train --resume {self.run_dir} {option}=N (a larger N, or 0)") from None
         if failed is not None:
             what = " ".join(str(failed).split()).split(": no weight")[0]
             raise NonFiniteStepError(f"{what}: no weight was changed; checkpoint of step {boundary.next_step} "
@@ -282,7 +296,8 @@ class TrainSession:
         """What ended the run early: the signal or the non-finite step, and where to resume."""
         done = complete_checkpoints(self.ckpt_root)
         resume_step = int(done[-1].name.split("_")[1]) if done else 0
-        why = "nonfinite_step" if failed is not None else self.stop.name
+        why = ("filter_groups_cap" if isinstance(failed, GenerationCapError)
+               else "nonfinite_step" if failed is not None else self.stop.name)
         return {"by": why, "at_step": self.boundary.next_step, "resume_step": resume_step,
                 "abandoned": failed is None and self.boundary.stopped_at is None,
                 "exit_status": self.exit_status(failed)}

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 
+from bidirl.controller.queue import GenerationCapError
 from bidirl.engines.trainer_config import NonFiniteStepError
 
 
@@ -94,4 +95,13 @@ def nonfinite_step_error(e: BaseException):
     if isinstance(cause, NonFiniteStepError):
         return cause
     return e if isinstance(e, NonFiniteStepError) else None
+
+
+def clean_stop_error(e: BaseException):
+    """An error after which the run stops cleanly at its last step boundary (checkpoint,
+    summary, outputs, then the error in one line): a non-finite step under
+    ``trainer.on_nonfinite=stop``, or a step that needs more groups than
+    ``algorithm.filter_groups.max_num_gen_batches`` allows (``GenerationCapError``, raised by
+    the controller).  None for any other error."""
+    return e if isinstance(e, GenerationCapError) else nonfinite_step_error(e)
 

@@ -51,6 +51,8 @@ class StepRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     chunks: list[tuple[str, int]] = field(default_factory=list)  # (executor, micro-batches)
     c_grad_s: list[float] = field(default_factory=list)
+    # dynamic sampling: the step's filtered groups (set by the step boundary); None: filtering is off
+    filtered: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -116,8 +118,8 @@ class TrainDriver:
         from bidirl.algo.aggregation import StepTotals  # lazy: torch, as above
 
         ex = self.ex
-        job, goff, voff = ex.job, ex.job.group_offset, ex.job.version_offset
-        gids = [g + goff for g in a.group_ids]
+        job, voff = ex.job, ex.job.version_offset
+        gids = [job.ids.global_id(g) for g in a.group_ids]
         rewards = job.store.score_step(gids, job.reward_fn, job.decode)
         samples, stale = [], []
         step = a.step + voff

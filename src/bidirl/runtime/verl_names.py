@@ -65,8 +65,9 @@ VERL_ALIASES: tuple[tuple[str, str], ...] = (
 Accepted in a YAML file (nested, as veRL writes them) and as ``key=value`` overrides;
 ``data.val_files``, ``data.val_max_samples``, ``data.max_prompt_length``,
 ``data.filter_overlong_prompts``, ``algorithm.adv_estimator``,
-``algorithm.norm_adv_by_std_in_grpo`` and ``algorithm.rollout_correction.rollout_is`` /
-``rollout_is_threshold`` are bidirl's own names too.  Only names whose meaning is the same are
+``algorithm.norm_adv_by_std_in_grpo``, ``algorithm.rollout_correction.rollout_is`` /
+``rollout_is_threshold`` and ``algorithm.filter_groups.enable`` / ``max_num_gen_batches`` are
+bidirl's own names too.  Only names whose meaning is the same are
 here: ``trainer.test_freq`` is veRL's steps between validations (``-1``, veRL's "off",
 is read as 0, as is ``save_freq``'s and ``lr_warmup_steps``'s), ``warmup_style`` is veRL's
 name for the schedule after warm-up.  Two names of one field may both be given if they
@@ -82,13 +83,16 @@ VERL_FIXED: dict[str, tuple[Any, ...]] = {
     "reward_model.overlong_buffer.log": (True, False),
     "reward_model.reward_kwargs.overlong_buffer_cfg.log": (True, False),
     "reward_model.reward_manager": ("naive", "dapo"),
+    "algorithm.filter_groups.metric": (None, "seq_reward", "seq_final_reward"),
 }
 """veRL fields naming what bidirl always does, with the values that mean it: accepted and
 changing nothing (no KL in the reward: bidirl's KL is a loss term; discount and GAE lambda
 1: outcome rewards, every token its response's advantage; the overlong penalty is always
 logged, as ``reward/extra/overlong_reward``; veRL's ``dapo`` reward manager is the one that
-applies it, bidirl's store applies it whenever it is enabled); another value is an error
-listing these."""
+applies it, bidirl's store applies it whenever it is enabled; dynamic sampling filters on
+the training reward, shaped, which is veRL's ``seq_reward`` and, with no KL in the reward,
+``seq_final_reward``: DAPO's recipe's ``acc`` is the score before the overlong penalty, a
+metric bidirl does not filter on); another value is an error listing these."""
 
 
 def leaves(data: dict, prefix: str = "") -> list[tuple[str, Any]]:

@@ -38,7 +38,8 @@ class RolloutFleet:
         self._plan_token = [0] * n
         self.samples = StageSamples(n, spec.n_replicas)
         self.partials: dict[int, dict[int, int]] = {}  # interrupted groups' responses so far
-        self.complete: set[int] = set()  # completed groups no training step has taken yet
+        self.complete: set[int] = set()  # completed (kept) groups no training step has taken yet
+        self.filtered: list[int] = []  # completed groups the keep model filtered (dynamic sampling)
         self.dirty: set[int] = set()  # units to re-label once the controller has reacted
         self.unplanned: set[int] = set()  # replicas whose next completion must be recomputed
         self.synced = 0  # the weights' version on the home replicas
@@ -83,9 +84,17 @@ class RolloutFleet:
             self._report(u, done)
 
     def _report(self, u: int, done: list[int]) -> None:
-        self.complete.update(done)
         lens = tuple(self.lengths.lengths(g) for g in done)
-        self.sim.deliver(GroupsCompleted(u, tuple(done), lens))
+        keep = self.sim.truth.keep
+        flags: tuple[bool, ...] = ()
+        if keep is not None:  # dynamic sampling: the simulated reward's verdict, at this version
+            version = self.engines[u].version
+            flags = tuple(keep.filtered(g, version) for g in done)
+            self.filtered += [g for g, f in zip(done, flags) if f]
+            self.complete.update(g for g, f in zip(done, flags) if not f)
+        else:
+            self.complete.update(done)
+        self.sim.deliver(GroupsCompleted(u, tuple(done), lens, flags))
         for m in self.samples.after_completions(u, len(done), self.engines[u]):
             self.sim.deliver(m)
         self.dirty.add(u)

@@ -12,7 +12,8 @@ devices with no bubbles and no overheads.  Work, in device-seconds, is:
 
 * rollout: every trained response token at the replica's best possible per-token cost,
   ``a / cap + c + k * context`` (decode at the full concurrency cap, exact context of
-  that token), times ``rollout_tp``; plus one prompt prefill per group;
+  that token), times ``rollout_tp``; plus one prompt prefill per group; with dynamic
+  sampling (``workload.keep_rate``), every generated group's, the filtered ones too;
 * training: every micro-batch at the cheaper of the primary layout (``train_tp`` devices)
   and the auxiliary layout (``rollout_tp`` devices), times its device count;
 
@@ -61,6 +62,7 @@ import numpy as np
 import simpy
 
 from bidirl.controller.loop import Controller
+from bidirl.controller.queue import GenerationCapError
 from bidirl.frame.device_time import Recorder
 from bidirl.frame.result import RunResult, admission_counts, decision_figures, pool_figures
 from bidirl.policy import make_policy
@@ -92,7 +94,9 @@ def simulate(scenario: Scenario, policy: str, steps: int | None = None,
     """Run ``policy`` on ``scenario`` and report what happened (``SimResult``).
 
     A split whose roles do not fit in device memory is refused (``ScenarioError`` with the
-    reason) unless ``allow_oversubscribe`` (``sim.world.build``)."""
+    reason) unless ``allow_oversubscribe`` (``sim.world.build``).  A step that needs more
+    groups than ``workload.max_num_gen_batches`` allows stops the run with a one-line
+    ``GenerationCapError`` (dynamic sampling, ``workload.keep_rate``)."""
     sc = resolve(scenario, steps, seed, pools)
     spec, truth, lengths = build(sc, allow_oversubscribe)
     controller = Controller(spec, make_policy(policy))
@@ -108,6 +112,8 @@ def simulate(scenario: Scenario, policy: str, steps: int | None = None,
     try:
         rt.start()
         env.run(until=rt.done)
+    except GenerationCapError as e:
+        raise e.named("workload.max_num_gen_batches") from None
     except RuntimeError as e:
         if "until" not in str(e):
             raise
@@ -146,7 +152,9 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
         efficiency_attainable=throughput / attainable if attainable else 0.0,
         staleness={"mean": audit.mean_staleness, "max": float(audit.max_staleness)},
         groups_trained=audit.groups_trained,
-        groups_lost=spec.total_groups - audit.groups_trained + len(audit.trained_twice),
+        groups_lost=(spec.total_groups - audit.groups_trained + len(audit.trained_twice)
+                     + len(audit.filtered_twice) + len(audit.groups_lost)),
+        groups_filtered=audit.groups_filtered, keep_rate=audit.keep_rate,
         trace_sha256=rec.stream_sha256(), devices=spec.devices, seed=sc.seed,
         step_times_s=[b - a for a, b in zip(ends, ends[1:])],
         stage_model_median_error=s.est.median_errors(),
@@ -164,16 +172,20 @@ def _result(sc: Scenario, policy: str, controller: Controller, rt: SimRuntime,
 
 
 def _ideal_rollout_s(rt: SimRuntime) -> float:
-    """Device-seconds of the trained responses at the best per-token decode cost."""
+    """Device-seconds of the trained responses at the best per-token decode cost, and of
+    the groups dynamic sampling filtered (no schedule avoids generating them)."""
     spec, truth = rt.spec, rt.truth
     a, c, k = truth.rollout.decode.theta
     prompt = spec.prompt_tokens
     per_token = a / spec.replica_cap + c + k * prompt
-    total = 0.0
-    for b in range(spec.steps):
-        lens = rt.lengths.draw_batch(b).astype(np.float64)
-        total += float(np.sum(lens * per_token + k * lens * (lens - 1) / 2))
-    prefill = truth.rollout.prefill_s(prompt) * spec.total_groups
+    if rt.rollout.filtered:  # every group generated: ids 0 .. the last bound (all completed)
+        generated = rt.controller.state.queue.members.next_unbound
+        batches = [np.asarray([rt.lengths.lengths(g) for g in range(generated)], dtype=np.float64)]
+    else:
+        generated = spec.total_groups
+        batches = (rt.lengths.draw_batch(b).astype(np.float64) for b in range(spec.steps))
+    total = sum(float(np.sum(lens * per_token + k * lens * (lens - 1) / 2)) for lens in batches)
+    prefill = truth.rollout.prefill_s(prompt) * generated
     return (total + prefill) * spec.rollout_tp
 
 

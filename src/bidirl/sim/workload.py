@@ -1,4 +1,5 @@
-"""Response lengths: drawn per group id from the scenario's distribution, seeded.
+"""Response lengths drawn per group id from the scenario's distribution, seeded; and which
+groups the simulated reward filters (DAPO's dynamic sampling, ``KeepModel``).
 
 Lengths depend only on ``(seed, group id)``, never on the policy or on timing, so every
 policy sees the same groups with the same lengths for the same seed.  They are drawn a
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bidirl.perf.scenario import ScenarioError, read_lengths
+from bidirl.perf.scenario import KeepRate, ScenarioError, read_lengths
 from bidirl.sim.scenario import ResponseLength
 
 
@@ -81,3 +82,36 @@ class ResponseLengths:
 
 def _read_lengths(d: ResponseLength) -> np.ndarray:
     return np.asarray(read_lengths(d.file), dtype=np.int64)
+
+
+class KeepModel:
+    """Which completed groups the simulated world filters (all rewards equal).
+
+    Group ``gid`` completed by a replica holding version ``v`` is kept when a uniform draw
+    seeded by ``(seed, gid)`` falls below ``keep_rate.at(v, steps)``: the same group is
+    kept or filtered the same way whatever the policy, as long as it completes at the same
+    version, and the share kept follows the scenario's drifting rate.  The draw is a
+    splitmix64 hash of the seed and the id (no generator per group: a large simulation
+    completes hundreds of thousands of groups).
+    """
+
+    def __init__(self, rate: KeepRate, steps: int, seed: int) -> None:
+        self.rate, self.steps, self.seed = rate, steps, seed
+
+    @property
+    def filters(self) -> bool:
+        return self.rate.filters
+
+    def filtered(self, gid: int, version: int) -> bool:
+        return _uniform(self.seed, gid) >= self.rate.at(version, self.steps)
+
+
+_MASK = (1 << 64) - 1
+
+
+def _uniform(seed: int, gid: int) -> float:
+    """A uniform number in [0, 1) from ``(seed, gid)`` (splitmix64's finaliser)."""
+    z = (seed * 0x9E3779B97F4A7C15 + (gid + 1) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)

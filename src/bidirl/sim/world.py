@@ -20,7 +20,7 @@ from bidirl.planner.compat import split_fit
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import envelope_of
 from bidirl.sim.scenario import Scenario, ScenarioError
-from bidirl.sim.workload import ResponseLengths
+from bidirl.sim.workload import KeepModel, ResponseLengths
 
 
 @dataclass
@@ -39,6 +39,7 @@ class Truth:
     prefill_per_response: bool = False  # no prefix caching: a burst per assignment, a prompt per response
     startup_s: float = 0.0  # nothing happens before (a real run's start-up)
     prewarmed: bool = False  # the scheduler starts from the measured switch costs (a real run's pre-warm)
+    keep: KeepModel | None = None  # which completed groups are filtered (dynamic sampling); None: none
 
 
 def build(sc: Scenario, allow_oversubscribe: bool = False) -> tuple[ClusterSpec, Truth, ResponseLengths]:
@@ -75,6 +76,7 @@ def build(sc: Scenario, allow_oversubscribe: bool = False) -> tuple[ClusterSpec,
         micro_batch_samples=sc.sim.micro_batch_samples, max_response_tokens=w.response_length.max,
         aux_trainers=fit.aux_fits, prior_scale=sc.sim.prior_scale, hw_profile=hw, model_profile=m,
         prompt_vision_s=vision_prefill_s(hw, m, p.rollout_tp, w.image_load),
+        filter_groups=w.keep_rate.filters, max_gen_batches=w.max_num_gen_batches,
     )
     return spec, _truth(sc, hw, m), lengths
 
@@ -108,4 +110,5 @@ def _truth(sc: Scenario, hw, m) -> Truth:
         step_overhead_s=train.optimizer_s() if overhead is None else overhead,
         reprefill_on_sync=cal.reprefill_on_sync, startup_s=cal.startup_s,
         prefill_per_response=cal.prefill_per_response, prewarmed=cal.prewarmed,
+        keep=KeepModel(sc.workload.keep_rate, sc.steps, sc.seed) if sc.workload.keep_rate.filters else None,
     )
