@@ -22,6 +22,7 @@ sha256 must be equal (``bench/results/reproducible_algorithms.json``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -30,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.measure import RESULTS, train, write_json
+from bench.measure import RESULTS, code_version, train, write_json
 from bidirl.runtime.config import ConfigError, load_config
 
 POLICIES = {"sync": ["scheduler.policy=sync"], "one-step-off": ["scheduler.policy=one-step-off"],
@@ -55,6 +56,7 @@ SMALL = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_
          "trainer.micro_batch_size=4", "run.val_every=4", "scheduler.reproducible=true", "cluster.oversubscribe=true"]
 
 
+@functools.cache  # the note on stderr once per preset
 def algorithm_overrides(name: str) -> list[str]:
     """The preset's overrides but those naming a field this checkout's config lacks (said on
     stderr): ``algorithm.filter_groups`` until it exists."""
@@ -202,8 +204,10 @@ def plot(runs: list[dict], out_png: Path) -> None:
         _band(axes[1][0], [[s for s, _ in r["val"]] for r in rs], [[v for _, v in r["val"]] for r in rs], label)
         _band(axes[1][1], [[0.0 if s == 0 else r["step_end_s"][s - 1] for s, _ in r["val"]] for r in rs],
               [[v for _, v in r["val"]] for r in rs], label)
+    temp = next((a.split("=", 1)[1] for a in runs[0]["args"] if a.startswith("rollout.val_temperature=")), "0")
+    val = "greedy" if float(temp) == 0 else f"temperature {temp}"
     titles = [[f"reward ({k}-step mean) vs step", "reward vs training-loop seconds"],
-              ["validation score (greedy) vs step", "validation score vs training-loop seconds"]]
+              [f"validation score ({val}) vs step", "validation score vs training-loop seconds"]]
     for i in range(2):
         for j in range(2):
             ax = axes[i][j]
@@ -247,6 +251,7 @@ def check_reproducible(algorithms: list[str], steps: int, extra: list[str]) -> l
                     raise RuntimeError(f"{alg} {policy} failed:\n{run.stderr[-3000:]}")
                 row[policy] = {"sha256": weights_sha256(run.run_dir / "model"), "borrows": run.summary()["borrows"]}
         row["equal"] = row["async"]["sha256"] == row["bidirl-opportunistic"]["sha256"]
+        row["borrowed_both_ways"] = min(row["bidirl-opportunistic"]["borrows"].values()) >= 1
         print(f"| {alg} | {row['equal']} | {row['async']['sha256'][:12]} | "
               f"{row['bidirl-opportunistic']['sha256'][:12]} | {row['bidirl-opportunistic']['borrows']} |")
         out.append(row)
@@ -267,16 +272,16 @@ def main() -> int:
                     help="async vs bidirl-opportunistic final weights per --algorithm (--steps: 8 is enough)")
     ap.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     a = ap.parse_args()
-    path, algorithms = Path(a.json), a.algorithm.split(",")
-    if unknown := [x for x in algorithms + (a.policy.split(",") if a.policy else [])
-                   if x not in ALGORITHMS and x not in POLICIES]:
+    path, algorithms, policies = Path(a.json), a.algorithm.split(","), (a.policy.split(",") if a.policy else [])
+    if unknown := [x for x in algorithms if x not in ALGORITHMS] + [p for p in policies if p not in POLICIES]:
         ap.error(f"unknown algorithm or policy: {', '.join(unknown)}")
     if a.check_reproducible:
         print("| algorithm | weights equal | async sha256 | bidirl sha256 | bidirl borrows |\n|---|---|---|---|---|")
         rows = check_reproducible(algorithms, a.steps, a.extra)
-        write_json(RESULTS / "reproducible_algorithms.json", {"date": time.strftime("%Y-%m-%d %H:%M"), "runs": rows})
-        return 0 if all(r["equal"] for r in rows) else 1
-    for alg, policy in ((x, p) for x in algorithms for p in (a.policy.split(",") if a.policy else [])):
+        write_json(RESULTS / "reproducible_algorithms.json",
+                   {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": code_version(), "runs": rows})
+        return 0 if all(r["equal"] and r["borrowed_both_ways"] for r in rows) else 1
+    for alg, policy in ((x, p) for x in algorithms for p in policies):
         for seed in (int(x) for x in a.seeds.split(",")):
             runs = load(path)
             if any((_algorithm(r), r["policy"], r["seed"], len(r["rewards"])) == (alg, policy, seed, a.steps)
