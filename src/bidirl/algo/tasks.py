@@ -23,11 +23,18 @@ answers about a third of it right (greedy, partial credit), and GRPO lifts that 
 rising curve is learning, not a fixed answer.  ``reverse_long`` reverses 16-48 digits:
 its natural responses are tens of tokens, not the 2-5 of ``reverse``.  ``add`` is easy to game: ``"9"`` alone earns
 ~0.38 of its distance-based partial credit.
+
+``reverse_mixed`` is the task on which the algorithms differ: a binary reward (exact match) on
+prompts of mixed difficulty, so that many groups are all right or all wrong (zero spread: every
+group-relative advantage is 0, what DAPO's dynamic sampling drops) and responses run from 2 to
+9 tokens (the aggregation modes weigh them differently).  Its warm start is longer
+(``Task.warm_start_steps``): exact answers need one that gets short strings right.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +48,8 @@ class Task:
     make_pair: Callable[[random.Random], tuple[str, str]]
     score: Callable[[str, str], float]
     """score(response_text, ground_truth) in [0, 1]."""
+    warm_start_steps: int = 40
+    """SFT steps of the warm start when ``model.warm_start_steps`` is null (``models/warm_start.py``)."""
 
     def rows(self, n: int, seed: int = 0, split: str = "train") -> list[dict]:
         """n rows in veRL format; the same (n, seed, split) always gives the same rows."""
@@ -127,6 +136,11 @@ def number_score(response: str, target: str) -> float:
     return 0.5 * max(0.0, 1.0 - abs(value - goal) / 10.0)
 
 
+def exact_score(response: str, target: str) -> float:
+    """1.0 for exactly the target, else 0.0: a binary outcome, as a maths verifier's."""
+    return 1.0 if extract_answer(response) == target else 0.0
+
+
 def _digits(rng: random.Random, min_len: int, max_len: int) -> str:
     length = rng.randint(min_len, max_len)
     return "".join(rng.choice("0123456789") for _ in range(length))
@@ -147,6 +161,13 @@ def _reverse_long_pair(rng: random.Random) -> tuple[str, str]:
     return f"reverse {s}", s[::-1]
 
 
+def _reverse_mixed_pair(rng: random.Random) -> tuple[str, str]:
+    # 2-8 digits: after the warm start 2 are nearly always exactly right, 3-4 about half the
+    # time, 5 seldom and 6-8 nearly never (harder prompts, 10-15 digits, stopped the rise).
+    s = _digits(rng, 2, 8)
+    return f"reverse {s}", s[::-1]
+
+
 def _add_pair(rng: random.Random) -> tuple[str, str]:
     a, b = rng.randint(0, 9), rng.randint(0, 9)
     return f"add {a}+{b}", str(a + b)
@@ -158,6 +179,9 @@ REVERSE = register_task(Task("reverse", _reverse_pair, sequence_score))
 # tokens, so a step has rollout work worth sharing (bench/peer_trl.py --task reverse_long).
 REVERSE_LONG = register_task(Task("reverse_long", _reverse_long_pair, sequence_score))
 ADD = register_task(Task("add", _add_pair, number_score))
+# Binary reward, mixed difficulty (bench/convergence.py's algorithm comparison); 300 SFT steps
+# (~25 s on one core, cached): after 40 even 2 digits are rarely exactly right.
+REVERSE_MIXED = register_task(Task("reverse_mixed", _reverse_mixed_pair, exact_score, warm_start_steps=300))
 
 
 def compute_score(
@@ -167,8 +191,9 @@ def compute_score(
     return get_task(data_source).compute_score(data_source, solution_str, ground_truth, extra_info)
 
 
-def best_constant_score(rows: list[dict], max_len: int = 16) -> tuple[str, float]:
-    """The constant answer that scores best on these rows under :func:`sequence_score`, exactly.
+def best_constant_score(rows: list[dict], max_len: int = 16, exact: bool = False) -> tuple[str, float]:
+    """The constant answer that scores best on these rows under :func:`sequence_score`, exactly
+    (under :func:`exact_score` with ``exact``: the most common target).
 
     Why: a task on which one fixed answer scores well teaches nothing a reward curve can show
     (``add``'s ``"9"`` earns ~0.38 through its partial credit).  For a fixed answer length ``L``
@@ -180,6 +205,9 @@ def best_constant_score(rows: list[dict], max_len: int = 16) -> tuple[str, float
     targets = [str(r["reward_model"]["ground_truth"]) for r in rows]
     if not targets:
         raise ValueError("best_constant_score needs at least one row")
+    if exact:
+        answer, count = Counter(targets).most_common(1)[0]
+        return answer, count / len(targets)
     alphabet = sorted({c for t in targets for c in t})
     best = ("", sum(1.0 for t in targets if not t) / len(targets))
     for length in range(1, max_len + 1):

@@ -49,13 +49,16 @@ class ModelConfig:
     tiny_layers: int = option(2, "tiny model layers (used only when path is null)", ge=1)
     tiny_hidden: int = option(128, "tiny model hidden size: 4 attention heads of tiny_hidden / 4 each (cpu: a "
                               "head size vLLM's CPU attention supports, so one of 128, 256, 320, 384, ...)", ge=1)
-    warm_start_steps: int = option(40, "supervised steps before RL so that reward has signal", ge=0)
+    warm_start_steps: int | None = option(None, "supervised steps before RL so that reward has signal; null: "
+                                          "the built-in task's own (40; reverse_mixed: 300), 40 with data.files",
+                                          ge=0)
     dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "rollout engine dtype")
 
 
 @dataclass
 class DataConfig:
-    task: str | None = option("reverse", "a built-in task (reverse, copy, add); ignored when files is set")
+    task: str | None = option("reverse", "a built-in task (reverse, copy, add, reverse_long, reverse_mixed); "
+                              "ignored when files is set")
     files: list[str] = option(default_factory=list, doc="veRL-style .parquet / .jsonl files (key=a,b)")
     reward_fn: str | None = option(None, "path to a .py file defining compute_score(...)")
     reward_fn_name: str = option("compute_score", "the reward function's name in reward_fn")

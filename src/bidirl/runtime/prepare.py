@@ -39,12 +39,15 @@ def prepare_model(cfg: TrainConfig) -> str:
         return str(Path(cfg.model.path).resolve())
     base = MODELS_CACHE / f"tiny-L{cfg.model.tiny_layers}-H{cfg.model.tiny_hidden}"
     build_tiny_model(base, layers=cfg.model.tiny_layers, hidden=cfg.model.tiny_hidden)
-    if cfg.model.warm_start_steps <= 0:
-        return str(base)
     tasks = (cfg.data.task,) if cfg.data.task and not cfg.data.files else ("copy",)
-    out = MODELS_CACHE / f"{base.name}-sft-{'-'.join(tasks)}-{cfg.model.warm_start_steps}"
-    print(f"[bidirl] warm start: {cfg.model.warm_start_steps} SFT steps on {tasks} -> {out}", file=sys.stderr)
-    warm_start(base, out, tasks=tasks, steps=cfg.model.warm_start_steps, seed=cfg.run.seed)
+    steps = cfg.model.warm_start_steps
+    if steps is None:  # the task's own: a binary-reward task needs a longer one
+        steps = task_lib.get_task(tasks[0]).warm_start_steps
+    if steps <= 0:
+        return str(base)
+    out = MODELS_CACHE / f"{base.name}-sft-{'-'.join(tasks)}-{steps}"
+    print(f"[bidirl] warm start: {steps} SFT steps on {tasks} -> {out}", file=sys.stderr)
+    warm_start(base, out, tasks=tasks, steps=steps, seed=cfg.run.seed)
     return str(out)
 
 
