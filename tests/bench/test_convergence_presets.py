@@ -8,16 +8,13 @@ import pytest
 from bench import convergence as conv
 from bidirl.runtime.config import load_config
 
-# The dapo preset names algorithm.filter_groups, which another branch adds; until it is merged
-# load_config refuses the key (the bench then leaves it out, saying so on stderr).
-_FILTER_MISSING = pytest.mark.xfail(strict=False, reason="algorithm.filter_groups not merged yet")
 
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_FILTER_MISSING) if n == "dapo" else n
-                                  for n in conv.ALGORITHMS])
+@pytest.mark.parametrize("name", list(conv.ALGORITHMS))
 def test_every_preset_loads_with_all_its_keys(name):
     cfg = load_config(overrides=[*conv.ALGORITHMS[name], "rollout.max_new_tokens=16"])
     assert conv.algorithm_overrides(name) == conv.ALGORITHMS[name]
+    assert conv.DYNAMIC_SAMPLING not in conv.algorithm_overrides(name, reproducible=True)
+    load_config(overrides=[*conv.algorithm_overrides(name, reproducible=True), *conv.SMALL])
     if name == "gspo":
         assert cfg.algorithm.policy_loss == "gspo" and cfg.trainer.clip_eps_high == 4e-4
 
