@@ -61,12 +61,12 @@ WORKLOADS = {
         "responses <= 128 tokens, all 64 at once, a KL term: rollout and training take about as long",
         ("rollout.max_new_tokens=128", "trainer.micro_batch_size=16", "trainer.kl_coef=0.01")),
     "filter": Workload(
-        "DAPO's dynamic sampling (algorithm.filter_groups): copy scored all-or-nothing "
-        "(bench/exact_match_reward.py) after a warm start, so many groups are all wrong (or all right), "
-        "filtered and replaced; responses <= 32 tokens: rollout generates ~1/keep-rate groups per step",
-        ("model.warm_start_steps=100", f"data.reward_fn={ROOT / 'bench' / 'exact_match_reward.py'}",
-         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=10",
-         "rollout.max_new_tokens=32", "trainer.micro_batch_size=16")),
+        "DAPO's dynamic sampling (algorithm.filter_groups) on the rollout-heavy shape at 8 a time: half "
+        "the prompts score all right or all wrong (bench/difficulty_reward.py), so about half the groups "
+        "are filtered and replaced and rollout generates ~2x the groups a step trains",
+        (f"data.reward_fn={ROOT / 'bench' / 'difficulty_reward.py'}", "algorithm.filter_groups.enable=true",
+         "algorithm.filter_groups.max_num_gen_batches=10", "rollout.prompts_per_step=4",
+         "rollout.max_new_tokens=128", "rollout.max_num_seqs=8", "trainer.micro_batch_size=16")),
 }
 POLICIES = ("async", "bidirl")
 

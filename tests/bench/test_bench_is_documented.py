@@ -2,7 +2,7 @@
 
 A script nobody can find on the results page, or one without its command, is how a bench
 turns back into a lab notebook (issue 39).  Shared helpers (``measure.py``, ``schedules.py``, a
-workload's reward ``exact_match_reward.py``) are named on the page too, but need no command.
+workload's reward ``difficulty_reward.py``) are named on the page too, but need no command.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-HELPERS = {"__init__.py", "measure.py", "schedules.py", "exact_match_reward.py"}
+HELPERS = {"__init__.py", "measure.py", "schedules.py", "difficulty_reward.py"}
 
 
 def _scripts() -> list[Path]:
