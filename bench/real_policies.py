@@ -9,7 +9,9 @@ Interleaved pairs of ``bidirl train`` (async, bidirl, then bidirl, async, ...), 
 seed. Per run: tokens/s, the ideal packing bound (the pair's ``async`` busy device-seconds packed
 on all devices), efficiency, idle, borrows, stage-model errors, reclaim latency, the audit, the
 host's steal, and the simulator's prediction from the run's ``scenario.yaml``. ``--append`` adds
-pairs to an existing ``--json`` of the same workload and steps; ``--steps N`` sets the length.
+pairs to an existing ``--json`` of the same workload and steps; ``--steps N`` sets the length;
+``--resimulate --keep RUNS/W --json J`` predicts the kept runs of ``J`` again with this checkout's
+simulator (the real figures untouched).
 """
 
 from __future__ import annotations
@@ -301,6 +303,20 @@ def print_table(results: list[dict]) -> None:
               f"{fmt(res['bidirl_work_over_async'], '.3f')}x async's for the same work (medians over pairs)")
 
 
+def resimulate(path: Path, keep: Path) -> int:
+    """The simulator's predictions of kept runs again, the real figures untouched."""
+    prev = json.loads(path.read_text())
+    name = prev["workload"]
+    for r in prev["runs"]:
+        run = keep / f"{name}-{r['pair']:02d}-{r['policy']}"
+        r["sim_predicted_tokens_per_s"], r["sim_code"] = simulate(run / "scenario.yaml", r["policy"], run), CODE
+    w = replace(WORKLOADS[name], steps=prev["steps"])
+    out = summarise(name, w, prev["runs"] + prev["failed_runs"])
+    write_json(path, out)
+    print_table([out])
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="all", help=f"one of {', '.join(WORKLOADS)}, or all")
@@ -312,8 +328,13 @@ def main() -> int:
                          "weighs the cold start (the first batch, the models learning) less")
     ap.add_argument("--append", action="store_true",
                     help="add the pairs to those already in --json (one workload) and summarise them all")
+    ap.add_argument("--resimulate", action="store_true",
+                    help="no new runs: predict each run of --json (one workload) again from its scenario.yaml "
+                         "under --keep with this checkout's simulator (after a simulator change)")
     ap.add_argument("extra", nargs="*", help="key=value overrides for every run (after --)")
     args = ap.parse_args()
+    if args.resimulate:
+        return resimulate(Path(args.json), Path(args.keep or ap.error("--resimulate: give --keep DIR")))
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     for n in names:
         if n not in WORKLOADS:

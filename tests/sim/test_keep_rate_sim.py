@@ -62,3 +62,18 @@ def test_the_cap_stops_a_run_whose_steps_cannot_fill():
 def test_a_bad_keep_rate_is_a_one_line_error_naming_the_field(field, value, msg):
     with pytest.raises(ScenarioError, match=msg):
         _with(load("tiny-cpu"), keep_rate={field: value})
+
+
+@pytest.mark.parametrize("rate", [0.2, 0.37, 0.5, 0.8])
+def test_the_share_kept_over_any_run_of_ids_is_the_rate(rate):
+    """A calibrated scenario's rate is the share its real run kept: the simulator keeps that
+    share over every stretch of ids a short run completes (independent draws kept 0.43-0.46 of
+    the first ~110 ids at 0.51, and every prediction of such runs was ~9 % low)."""
+    for seed in (0, 1, 7):
+        model = KeepModel(KeepRate(start=rate), steps=10, seed=seed)
+        kept = [not model.filtered(g, 0) for g in range(2000)]
+        for first, n in ((0, 50), (0, 110), (300, 100), (0, 2000)):
+            share = sum(kept[first:first + n]) / n
+            assert abs(share - rate) <= 2.5 / n + 1e-9, (seed, first, n, share)
+    assert [KeepModel(KeepRate(start=0.5), 10, s).filtered(3, 0) for s in range(8)] != [True] * 8, \
+        "the seed moves the sequence"
