@@ -77,3 +77,33 @@ def test_overlong_shaping_penalises_training_rewards_near_the_cap():
     plain.add(0, "u", [1], "add", "1")
     plain.absorb_finished([_result(plain.requests_for(0)[0], [2] * 8, True, 0)])
     assert plain.score(0, lambda *a: 1.0, decode=str) == [1.0] and plain.groups[0].extras == {}
+
+
+def test_dynamic_sampling_judges_the_metric_it_is_given():
+    """``algorithm.filter_groups.metric``: the shaped training rewards (null / seq_reward /
+    seq_final_reward) differ by the overlong penalty, so they have a spread; the function's
+    own values (``score``; ``acc`` of a plain number) are all 1 and have none; a dict's key
+    is read as it is; a key the function never returns is a one-line error naming the metric."""
+    from bidirl.algo.algorithm_config import OverlongBuffer
+    from bidirl.algo.dynamic_sampling import zero_spread
+    from bidirl.runtime.group_store import BadRewardError
+
+    def scored(reward_fn):
+        store = GroupStore(n=2, max_new_tokens=8, temperature=1.0, seed=0,
+                           overlong=OverlongBuffer(enable=True, len=4, penalty_factor=1.0))
+        store.add(0, "u", [1], "add", "1")
+        reqs = store.requests_for(0)
+        store.absorb_finished([_result(r, [2] * n, True, 0) for r, n in zip(reqs, (3, 8))])
+        store.score(0, reward_fn, decode=str)
+        return store
+
+    plain = scored(lambda *a: 1.0)
+    for metric in (None, "seq_reward", "seq_final_reward"):
+        assert plain.filter_values(0, metric) == [1.0, 0.0] and not zero_spread(plain.filter_values(0, metric))
+    assert plain.filter_values(0, "score") == plain.filter_values(0, "acc") == [1.0, 1.0]
+    assert zero_spread(plain.filter_values(0, "acc"))
+    with_acc = scored(lambda *a: {"score": 0.5, "acc": 1.0})
+    assert with_acc.filter_values(0, "acc") == [1.0, 1.0] and with_acc.filter_values(0, "score") == [0.5, 0.5]
+    with pytest.raises(BadRewardError, match=r"^algorithm.filter_groups.metric=pred: the reward function gave "
+                                             r"group 0 response 0 no 'pred' \(its keys: \['acc', 'overlong'"):
+        with_acc.filter_values(0, "pred")

@@ -66,9 +66,16 @@ class FilterGroups:
         0, "at most this many x rollout.prompts_per_step groups generated for one step, filtered ones "
         "included; a step that needs more stops the run at its last step boundary (checkpoint written); "
         "0: no cap", ge=0, resume_safe=True)
+    metric: str | None = option(
+        None, "which per-response value must have a spread for a group to be kept: null, seq_reward or "
+        "seq_final_reward: the training reward (shaped: overlong penalty included; no KL in the reward, so "
+        "the two are one); score: the reward function's value before shaping; any other name (DAPO's "
+        "recipe: acc): that key of the reward function's dict (a plain number counts as its own acc)")
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.metric is not None and not str(self.metric).strip():
+            raise ValueError("algorithm.filter_groups.metric: must be null or a name (seq_reward, score, acc, ...)")
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,7 @@ class GroupRecord:
     rewards: dict[int, float] = field(default_factory=dict)
     bad: dict[int, str] = field(default_factory=dict)  # response index -> why it scored 0
     extras: dict[int, dict[str, float]] = field(default_factory=dict)  # a dict reward's other numbers
+    unshaped: dict[int, float] = field(default_factory=dict)  # the reward before the overlong penalty
     batch: int | None = None  # the step it belongs to (global), once the controller assigned it
     filtered: bool = False  # dynamic sampling: complete with all rewards equal, kept until its step is recorded
 
@@ -262,6 +263,7 @@ class GroupStore:
             policy = on_bad_reward or getattr(reward_fn, "on_bad_reward", None) or self.on_bad_reward
             rec.bad.clear()
             rec.extras.clear()
+            rec.unshaped.clear()
             for i in range(rec.n):
                 text = decode(rec.done[i].token_ids)
                 value, raw = call_reward(reward_fn, rec.data_source, text, rec.ground_truth, rec.extra_info)
@@ -281,9 +283,10 @@ class GroupStore:
                               "(data.on_bad_reward=zero); further ones are counted in reward/bad_count",
                               file=sys.stderr)
                     rec.bad[i] = problem
-                    value = 0.0
+                    value = rec.unshaped[i] = 0.0
                 else:
                     extras = reward_extras(raw)
+                    rec.unshaped[i] = value
                     if self.overlong is not None:
                         penalty = self._overlong_penalty(group_id, len(rec.done[i].token_ids))
                         value += penalty
@@ -292,6 +295,30 @@ class GroupStore:
                         rec.extras[i] = extras
                 rec.rewards[i] = value
         return [rec.rewards[i] for i in range(rec.n)]
+
+    def filter_values(self, group_id: int, metric: str | None) -> list[float]:
+        """What dynamic sampling judges a scored group on (``algorithm.filter_groups.metric``):
+        the training rewards (null, ``seq_reward``, ``seq_final_reward``); the function's own
+        values before shaping (``score``); else that key of its dict, a plain number counting
+        as its own ``acc`` (veRL's DAPO recipe filters on ``acc``, its reward's correctness)."""
+        rec = self.groups[group_id]
+        if metric in (None, "seq_reward", "seq_final_reward"):
+            return [rec.rewards[i] for i in range(rec.n)]
+        out = []
+        for i in range(rec.n):
+            extras = rec.extras.get(i, {})
+            if metric in extras and metric not in ("overlong_reward", "overlong"):
+                out.append(extras[metric])
+            elif metric == "score" or (metric == "acc" and i in rec.unshaped and not rec.bad.get(i)
+                                       and set(extras) <= {"overlong_reward", "overlong"}):
+                out.append(rec.unshaped[i])
+            elif i in rec.bad:
+                out.append(0.0)
+            else:
+                raise BadRewardError(f"algorithm.filter_groups.metric={metric}: the reward function gave group "
+                                 f"{group_id} response {i} no {metric!r} (its keys: {sorted(extras) or 'none'}); "
+                                 "return it in a dict, or filter on seq_reward")
+        return out
 
     def score_step(self, group_ids, reward_fn, decode) -> list[list[float]]:
         """``score`` of each group of a training step, in order.

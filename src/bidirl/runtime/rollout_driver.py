@@ -194,7 +194,10 @@ class RolloutDriver:
         lengths = tuple(tuple(len(store.groups[g].done[i].token_ids) for i in range(store.n)) for g in gids)
         filtered: tuple[bool, ...] = ()
         if job.algorithm.filter_groups.enable:  # scored now: the verdict is the controller's to act on
-            filtered = tuple(zero_spread(store.score(g, job.reward_fn, job.decode)) for g in gids)
+            for g in gids:
+                store.score(g, job.reward_fn, job.decode)
+            metric = job.algorithm.filter_groups.metric
+            filtered = tuple(zero_spread(store.filter_values(g, metric)) for g in gids)
             for g, f in zip(gids, filtered):
                 store.groups[g].filtered = f
         return GroupsCompleted(u, tuple(job.ids.local_id(g) for g in gids), lengths, filtered)

@@ -83,16 +83,13 @@ VERL_FIXED: dict[str, tuple[Any, ...]] = {
     "reward_model.overlong_buffer.log": (True, False),
     "reward_model.reward_kwargs.overlong_buffer_cfg.log": (True, False),
     "reward_model.reward_manager": ("naive", "dapo"),
-    "algorithm.filter_groups.metric": (None, "seq_reward", "seq_final_reward"),
 }
 """veRL fields naming what bidirl always does, with the values that mean it: accepted and
 changing nothing (no KL in the reward: bidirl's KL is a loss term; discount and GAE lambda
 1: outcome rewards, every token its response's advantage; the overlong penalty is always
 logged, as ``reward/extra/overlong_reward``; veRL's ``dapo`` reward manager is the one that
-applies it, bidirl's store applies it whenever it is enabled; dynamic sampling filters on
-the training reward, shaped, which is veRL's ``seq_reward`` and, with no KL in the reward,
-``seq_final_reward``: DAPO's recipe's ``acc`` is the score before the overlong penalty, a
-metric bidirl does not filter on); another value is an error listing these."""
+applies it, bidirl's store applies it whenever it is enabled); another value is an error
+listing these."""
 
 
 def leaves(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
