@@ -220,3 +220,18 @@ def test_help_lists_every_algorithm_choice():
                   registry.ROLLOUT_IS_LEVELS):
         assert f"(one of {', '.join(names)})" in text
     assert "algorithm.norm_adv_by_std_in_grpo = True" in text and "algorithm.gamma = 1.0" in text
+
+
+def test_the_dapo_example_in_verls_names_loads_as_dapo():
+    """``examples/dapo_verl.yaml`` (veRL's DAPO recipe's names) means DAPO here: clip-higher,
+    token-mean, overlong shaping, dynamic sampling on ``acc``."""
+    from pathlib import Path
+
+    from bidirl.runtime.config import load_config
+
+    c = load_config(str(Path(__file__).resolve().parents[2] / "examples" / "dapo_verl.yaml"))
+    a = c.algorithm
+    assert (c.trainer.clip_eps_low, c.trainer.clip_eps_high, a.loss_agg_mode) == (0.2, 0.28, "token-mean")
+    assert (a.filter_groups.enable, a.filter_groups.metric, a.filter_groups.max_num_gen_batches) == (True, "acc", 10)
+    assert (a.overlong_buffer.enable, a.overlong_buffer.len, a.overlong_buffer.penalty_factor) == (True, 4, 1.0)
+    assert (c.rollout.prompts_per_step, c.rollout.group_size, c.run.steps) == (8, 8, 40)
