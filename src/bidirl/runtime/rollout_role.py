@@ -27,7 +27,7 @@ import time
 from contextlib import contextmanager
 
 from bidirl.runtime.messages import ResponseRequest, ResponseResult
-from bidirl.runtime.rollout_requests import RequestBook, TrainingSampling
+from bidirl.runtime.rollout_requests import RequestBook, TrainingSampling, engine_prompt
 from bidirl.runtime.rollout_timing import StepTiming
 from bidirl.runtime.vllm_env import apply_vllm_env
 
@@ -77,12 +77,14 @@ class RolloutRole:
     def __init__(self, model_dir: str, *, max_num_seqs: int = 128, max_model_len: int = 512,
                  dtype: str = "float32", seed: int = 0, device: str = "cpu",
                  kv_cache_bytes: int = 256 << 20, top_p: float = 1.0, top_k: int = -1,
-                 min_tokens: int = 0, reproducible: bool = False) -> None:
+                 min_tokens: int = 0, reproducible: bool = False, max_images: int = 0) -> None:
         """``reproducible`` (``scheduler.reproducible``): a response whose engine request is
         restarted (a weight update, a validation) starts again from its first token with its
         own seed, instead of continuing from its tokens so far on a new random stream.
         ``min_tokens`` (``rollout.min_new_tokens``): EOS is masked until a training response
-        has that many tokens (capped at its ``max_new_tokens``); validation is not forced."""
+        has that many tokens (capped at its ``max_new_tokens``); validation is not forced.
+        ``max_images``: the most images one prompt holds (vLLM's ``limit_mm_per_prompt``; 0:
+        the model's own default)."""
         apply_vllm_env()
         import torch  # lazy, as vLLM: both load after apply_vllm_env (thread counts, compile flags)
         from vllm import LLM
@@ -94,7 +96,8 @@ class RolloutRole:
                         enforce_eager=True, seed=seed, enable_prefix_caching=False,
                         use_tqdm_on_load=False,
                         # Explicit: otherwise vLLM sizes the KV cache from (shared) host memory.
-                        kv_cache_memory_bytes=kv_cache_bytes, **engine_batching())
+                        kv_cache_memory_bytes=kv_cache_bytes, **engine_batching(),
+                        **({"limit_mm_per_prompt": {"image": max_images}} if max_images else {}))
         self._engine = self._llm.llm_engine
         hf = self._engine.vllm_config.model_config.hf_config
         self._tied_cpu_head = vllm_on_cpu() and bool(getattr(hf.get_text_config(), "tie_word_embeddings", False))
@@ -220,12 +223,13 @@ class RolloutRole:
     set_weights = update_weights  # the name every role's weight refresh has (worker.host)
 
     def validate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, images: list[tuple[bytes, ...]] | None = None) -> dict:
         """One response per prompt with the current weights, outside the training requests.
 
         The training requests in flight are set aside (aborted, their progress kept) while the
         validation requests run to completion, then re-submitted as after a weight update, so
-        their tokens and versions are unaffected.  Greedy at ``temperature=0``.
+        their tokens and versions are unaffected.  Greedy at ``temperature=0``.  ``images``:
+        each prompt's images (one placeholder token per image in its ids), if any.
         """
         from vllm import SamplingParams  # lazy: loaded in __init__, after apply_vllm_env
 
@@ -237,7 +241,7 @@ class RolloutRole:
             for i, (rid, prompt) in enumerate(zip(ids, prompts, strict=True)):
                 sp = SamplingParams(max_tokens=max_new_tokens, temperature=temperature,
                                     seed=None if temperature == 0 else seed + i)
-                self._engine.add_request(rid, {"prompt_token_ids": list(prompt)}, sp)
+                self._engine.add_request(rid, engine_prompt(list(prompt), images[i] if images else ()), sp)
             out: dict[str, list[int]] = {}
             reasons: dict[str, str | None] = {}
             while len(out) < len(ids):
