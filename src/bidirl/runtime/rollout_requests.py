@@ -50,6 +50,11 @@ class TrainingSampling:
     top_k: int = -1
     min_tokens: int = 0
     reproducible: bool = False
+    image_tokens: tuple[int, ...] = ()
+    """A vision-language model's image placeholder ids (``image_token_id``...), never sampled:
+    the trainer's forward would take one in a response for an image's place and find no
+    image for it.  Banned by a logit bias, after the behaviour log-probs are taken (vLLM's
+    raw log-probs), as ``top_p``/``top_k`` are."""
 
 
 class RequestBook:
@@ -97,7 +102,8 @@ class RequestBook:
         s = self.sampling
         sp = SamplingParams(max_tokens=r.max_new_tokens - done, temperature=r.temperature,
                             top_p=s.top_p, top_k=s.top_k, logprobs=0, seed=seed,
-                            min_tokens=max(0, min(s.min_tokens, r.max_new_tokens) - done))
+                            min_tokens=max(0, min(s.min_tokens, r.max_new_tokens) - done),
+                            logit_bias={t: -100.0 for t in s.image_tokens} or None)
         context = r.prompt_ids + res.token_ids
         self.engine.add_request(rid, engine_prompt(context, r.images), sp)
         self.live[rid], self.partial[rid], self.base[rid] = r, res, done

@@ -71,6 +71,12 @@ def repack_tied_lm_head(worker) -> int:
     return len(heads)
 
 
+def image_placeholder_ids(hf_config) -> tuple[int, ...]:
+    """The ids a vision-language model's processor puts in an image's (or a video's) place."""
+    names = ("image_token_id", "image_token_index", "video_token_id")
+    return tuple(sorted({v for n in names if isinstance(v := getattr(hf_config, n, None), int) and v >= 0}))
+
+
 class RolloutRole:
     """A vLLM engine in this process, with version-tagged, abortable, resumable requests."""
 
@@ -101,7 +107,8 @@ class RolloutRole:
         self._engine = self._llm.llm_engine
         hf = self._engine.vllm_config.model_config.hf_config
         self._tied_cpu_head = vllm_on_cpu() and bool(getattr(hf.get_text_config(), "tie_word_embeddings", False))
-        self.sampling = TrainingSampling(top_p, top_k, min_tokens, reproducible)  # may change between requests
+        self.sampling = TrainingSampling(top_p, top_k, min_tokens, reproducible,  # may change between requests
+                                         image_placeholder_ids(hf))
         self._requests = RequestBook(self._engine, max_num_seqs, self.sampling)
         # The outbox poll drains, and what guards it and the engine (see the module doc).
         self._finished: list[ResponseResult] = []
@@ -216,8 +223,11 @@ class RolloutRole:
                 self._llm.collective_rpc(repack_tied_lm_head)
             self._llm.reset_prefix_cache()
             self.version = version
-            # no KV cache from the old weights: every live response is prefilled again
-            self._requests.resume(self._requests.set_aside())
+            # no KV cache from the old weights: every live response is prefilled again, and no
+            # image features from the old vision tower: their images are encoded again
+            aside = self._requests.set_aside()
+            self._engine.reset_encoder_cache()
+            self._requests.resume(aside)
         return time.perf_counter() - t0
 
     set_weights = update_weights  # the name every role's weight refresh has (worker.host)
