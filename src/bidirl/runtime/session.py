@@ -62,6 +62,7 @@ from pathlib import Path
 
 from bidirl.algo.data import PromptCursor
 from bidirl.controller.queue import GenerationCapError
+from bidirl.engines.hf_io import is_vision_language
 from bidirl.engines.trainer_config import NonFiniteStepError
 from bidirl.obs.accounting import clip_intervals
 from bidirl.obs.metrics import truncate_metrics
@@ -286,8 +287,9 @@ class TrainSession:
         src = publish_model(self.run_dir)
         if src is None:
             return None
+        auto = "AutoModelForImageTextToText" if is_vision_language(self.run_dir / "model") else "AutoModelForCausalLM"
         print(f"[bidirl] model directory: {self.run_dir / 'model'} (checkpoint {src.parent.name}); "
-              "load it with AutoModelForCausalLM.from_pretrained or vllm.LLM", file=sys.stderr)
+              f"load it with {auto}.from_pretrained or vllm.LLM", file=sys.stderr)
         return str(self.run_dir / "model")
 
     def _stop_record(self, failed) -> dict:
