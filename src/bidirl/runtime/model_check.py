@@ -232,13 +232,14 @@ def check_model_dir(model_dir: str | Path | None, *, device: str = "cpu", field:
 def _check_vision_language(archs: list[str], named: str, path: Path, field: str, vision, engine,
                            device: str) -> None:
     both = (vision & engine.multimodal) if engine else vision
+    some = _some(both, first=("Idefics3ForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"))
     if not any(a in vision for a in archs):
         raise ConfigError(f"{field}: {named} in {path} is a vision-language model transformers has no "
                           f"image-text-to-text class for (the trainer loads AutoModelForImageTextToText); use "
-                          f"e.g. {_some(both, first=('Idefics3ForConditionalGeneration', 'Qwen2_5_VLForConditionalGeneration'))}")
+                          f"e.g. {some}")
     if engine and not any(a in engine.multimodal for a in archs):
         raise ConfigError(f"{field}: {named} in {path} is a vision-language model vLLM cannot generate with; use "
-                          f"e.g. {_some(both, first=('Idefics3ForConditionalGeneration', 'Qwen2_5_VLForConditionalGeneration'))}")
+                          f"e.g. {some}")
     if device == "cpu" and any(a.startswith(TORCHVISION_VL_PREFIXES) for a in archs) \
             and importlib.util.find_spec("torchvision") is None:
         raise ConfigError(f"{field}: {named} in {path}: vLLM's implementation needs torchvision's image processors, "
