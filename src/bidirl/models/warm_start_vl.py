@@ -45,7 +45,7 @@ def vl_sft_examples(processor, task_name: str, n: int, seed: int) -> list[tuple[
 
 
 def warm_start_vl(model_dir: str | Path, out_dir: str | Path, task: str = "shapes", steps: int = 40,
-                  batch_size: int = 16, lr: float = 3e-3, seed: int = 0, num_threads: int | None = 1) -> Path:
+                  batch_size: int = 64, lr: float = 5e-3, seed: int = 0, num_threads: int | None = 1) -> Path:
     """SFT ``model_dir`` for ``steps`` steps on ``task``'s image rows and save it to ``out_dir``.
 
     Idempotent: returns ``out_dir`` untouched if it holds a warm start of the same source and
