@@ -59,9 +59,8 @@ def warm_start_vl(model_dir: str | Path, out_dir: str | Path, task: str = "shape
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    # lazy, as torch above: not loaded when the warm start is on disk already
-    from bidirl.engines.torch_setup import set_torch_threads
-    from bidirl.engines.vision_inputs import VisionInputs
+    from bidirl.engines.torch_setup import set_torch_threads  # lazy, as torch: not when the warm start is on disk
+    from bidirl.engines.vision_inputs import VisionInputs  # lazy: imports torch
 
     quiet_hf_progress_bars()
     if num_threads is not None:
