@@ -15,7 +15,7 @@ import json
 import pytest
 from PIL import Image
 
-from bidirl.runtime.group_store import GroupStore
+from bidirl.runtime.group_store import GroupStore, result_state
 from bidirl.runtime.messages import ResponseRequest, ResponseResult
 
 
@@ -57,6 +57,8 @@ def test_a_reclaimed_partial_resumes_with_its_images_exactly():
     store.absorb_partials([partial])
     state = json.loads(json.dumps(store.state_dict()))
     assert "images" not in state["groups"][0]["partial"][0]
+    assert json.loads(json.dumps(result_state(partial))) == state["groups"][0]["partial"][0], \
+        "a replica's in-flight snapshot goes into the checkpoint the same way"
     loaded = GroupStore(n=2, max_new_tokens=6, temperature=1.0, seed=0)
     loaded.load_state_dict(state)
     rec = loaded.groups[0]

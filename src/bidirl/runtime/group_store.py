@@ -365,8 +365,8 @@ class GroupStore:
             {**{k: v for k, v in asdict(rec).items()
                 if k not in ("done", "partial", "rewards", "bad", "extras", "filtered", "images")},
              "images": [base64.b64encode(b).decode("ascii") for b in rec.images],
-             "done": [_result_state(r) for r in rec.done.values()],
-             "partial": [_result_state(r) for r in rec.partial.values()]}
+             "done": [result_state(r) for r in rec.done.values()],
+             "partial": [result_state(r) for r in rec.partial.values()]}
             for rec in self.groups.values()]}
 
     def load_state_dict(self, state: dict) -> None:
@@ -376,12 +376,13 @@ class GroupStore:
             rec = GroupRecord(g["group_id"], g["prompt_uid"], g["prompt_ids"], g["data_source"],
                               g["ground_truth"], g["extra_info"], g["n"], images=images,
                               image_tokens=g.get("image_tokens", 0), train_prompt_ids=g.get("train_prompt_ids"))
-            rec.done = {r["index"]: ResponseResult(**r, images=images) for r in g["done"]}
-            rec.partial = {r["index"]: ResponseResult(**r, images=images) for r in g["partial"]}
+            rec.done = {r["index"]: ResponseResult(**{**r, "images": images}) for r in g["done"]}
+            rec.partial = {r["index"]: ResponseResult(**{**r, "images": images}) for r in g["partial"]}
             rec.batch = g.get("batch")  # a checkpoint from before it was kept: None (ids were steps)
             self.groups[rec.group_id] = rec
 
 
-def _result_state(r: ResponseResult) -> dict:
-    """A response as the checkpoint keeps it: without its images (its group holds them)."""
+def result_state(r: ResponseResult) -> dict:
+    """A response as a checkpoint keeps it (JSON): without its images, which its group holds
+    once (``GroupStore.state_dict``) and gives back on load."""
     return {k: v for k, v in asdict(r).items() if k != "images"}

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from bidirl.runtime.messages import ResponseRequest, ResponseResult
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=64)  # a replica's groups in flight; decoded images can be MBs each
 def decoded_images(images: tuple[bytes, ...]) -> tuple:
     """A prompt's encoded images as RGB PIL images (cached: a group's requests share them)."""
     from PIL import Image  # lazy: only runs with images need it
