@@ -157,3 +157,19 @@ def test_content_parts_split_at_each_placeholder():
     parts = content_parts(({"role": "user", "content": "<image>A<image> B"},))
     assert parts == [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "A"},
                                                   {"type": "image"}, {"type": "text", "text": " B"}]}]
+
+
+def test_a_bad_image_stops_bidirl_train_in_one_line_before_any_worker(tmp_path):
+    import subprocess
+    import sys
+
+    bad = save_dataset([row(images=[{"bytes": png()}]), row("<image><image>two?", images=[{"bytes": png()}])],
+                       tmp_path / "bad.parquet")
+    script = ("import sys\nfrom bidirl.cli import main\n"
+              f"rc = main(['train', '--run-dir', {str(tmp_path / 'run')!r}, 'model.kind=vl', 'data.files={bad}'])\n"
+              "print(sorted(m for m in ('ray', 'vllm') if m in sys.modules))\nsys.exit(rc)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.parquet: row 1: field 'images' holds 1 image(s) but the prompt has 2" in lines[0]
+    assert out.stdout.strip() == "[]", "no Ray, no vLLM: nothing started"

@@ -242,10 +242,10 @@ def _check_vision_language(archs: list[str], named: str, path: Path, field: str,
                           f"e.g. {some}")
     if device == "cpu" and any(a.startswith(TORCHVISION_VL_PREFIXES) for a in archs) \
             and importlib.util.find_spec("torchvision") is None:
-        raise ConfigError(f"{field}: {named} in {path}: vLLM's implementation needs torchvision's image processors, "
-                          "and torchvision is not installed (its PyPI builds are CUDA builds, which do not run "
-                          "beside CPU torch); run it with cluster.device=cuda, or on a CPU use an Idefics3 "
-                          "(SmolVLM) model such as model.kind=vl builds")
+        raise ConfigError(f"{field}: {named} in {path} is a vision-language model whose vLLM implementation needs "
+                          "torchvision's image processors, and torchvision is not installed (its PyPI builds are "
+                          "CUDA builds, which do not run beside CPU torch); run it with cluster.device=cuda, or on a "
+                          "CPU use an Idefics3 (SmolVLM) model such as model.kind=vl builds")
 
 
 def _check_architecture(hf: dict, path: Path, field: str, device: str = "cpu") -> None:
