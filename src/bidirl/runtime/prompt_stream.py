@@ -37,7 +37,7 @@ def load_prompt_encoder(model_dir: str | Path, rows):
     """What encodes the run's prompts: the model's processor when a row holds images (its chat
     template and image tokens), else its tokenizer."""
     if any(getattr(r, "images", ()) for r in rows):
-        from transformers import AutoProcessor  # lazy: the tokenizer's module loads it too, after Ray starts
+        from transformers import AutoProcessor  # lazy: transformers loads while Ray starts (session.run)
 
         return AutoProcessor.from_pretrained(str(model_dir))
     return load_tokenizer(model_dir)
