@@ -132,17 +132,21 @@ def test_a_decompression_bomb_is_refused_from_its_header(tmp_path):
         validate_image_row(row(images=[{"bytes": buf.getvalue()}]), "bomb.jsonl", 0)
 
 
-def test_prepare_checks_images_before_anything_and_refuses_image_rows_for_now(tmp_path, capsys):
+def test_prepare_checks_images_before_anything_and_refuses_them_for_a_text_model(tmp_path, capsys, tiny_model_dir):
     good = save_dataset([row(images=[{"bytes": png()}]), row("copy 12")], tmp_path / "good.parquet")
     bad = save_dataset([row(images=[{"bytes": b"junk"}])], tmp_path / "bad.parquet")
     with pytest.raises(DataError, match="bad.parquet: row 0: field 'images\\[0\\]' cannot be decoded"):
-        prepare_data(load_config(None, [f"data.files={bad}"]))
-    with pytest.raises(ConfigError, match=r"data: 1 of 2 rows hold images \(the first: .*good.parquet row 0\).*"
-                                          "do not carry images yet"):
+        prepare_data(load_config(None, [f"data.files={bad}", "model.kind=vl"]))
+    with pytest.raises(ConfigError, match=r"data: 1 of 2 rows hold images \(the first: .*good.parquet row 0\), "
+                                          "and model.kind=text builds a text-only model; set model.kind=vl"):
         prepare_data(load_config(None, [f"data.files={good}"]))
+    with pytest.raises(ConfigError, match=f"but model.path={tiny_model_dir} is a text-only model"):
+        prepare_data(load_config(None, [f"data.files={good}", f"model.path={tiny_model_dir}"]))
+    rows, _ = prepare_data(load_config(None, [f"data.files={good}", "model.kind=vl"]))
+    assert len(rows) == 2
     big = save_dataset([row(images=[{"bytes": png(100, 100)}]), row("copy 3")], tmp_path / "big.parquet")
     cfg = load_config(None, [f"data.files={big}", f"data.val_files={big}", "data.max_image_pixels=5000",
-                             "data.filter_oversized_images=true"])
+                             "data.filter_oversized_images=true", "model.kind=vl"])
     rows, _ = prepare_data(cfg)  # the image row dropped: a text row is left
     assert [r.messages[0]["content"] for r in rows] == ["copy 3"]
     assert "1 rows with an image over data.max_image_pixels=5,000 dropped" in capsys.readouterr().err
@@ -153,3 +157,19 @@ def test_content_parts_split_at_each_placeholder():
     parts = content_parts(({"role": "user", "content": "<image>A<image> B"},))
     assert parts == [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "A"},
                                                   {"type": "image"}, {"type": "text", "text": " B"}]}]
+
+
+def test_a_bad_image_stops_bidirl_train_in_one_line_before_any_worker(tmp_path):
+    import subprocess
+    import sys
+
+    bad = save_dataset([row(images=[{"bytes": png()}]), row("<image><image>two?", images=[{"bytes": png()}])],
+                       tmp_path / "bad.parquet")
+    script = ("import sys\nfrom bidirl.cli import main\n"
+              f"rc = main(['train', '--run-dir', {str(tmp_path / 'run')!r}, 'model.kind=vl', 'data.files={bad}'])\n"
+              "print(sorted(m for m in ('ray', 'vllm') if m in sys.modules))\nsys.exit(rc)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.parquet: row 1: field 'images' holds 1 image(s) but the prompt has 2" in lines[0]
+    assert out.stdout.strip() == "[]", "no Ray, no vLLM: nothing started"

@@ -65,8 +65,11 @@ def test_boxed_score():
 
 
 def test_data_task_selects_it_and_its_images_reach_the_checks():
-    cfg = load_config(None, ["data.task=shapes"])
-    with pytest.raises(ConfigError, match=r"4096 of 4096 rows hold images \(the first: <task shapes> row 0\)"):
-        prepare_data(cfg)
+    with pytest.raises(ConfigError, match=r"4096 of 4096 rows hold images \(the first: <task shapes> row 0\), "
+                                          "and model.kind=text .* set model.kind=vl"):
+        prepare_data(load_config(None, ["data.task=shapes"]))
+    cfg = load_config(None, ["data.task=shapes", "model.kind=vl"])
+    rows, _ = prepare_data(cfg)
+    assert len(rows) == 4096 and all(isinstance(r, ImagePromptRow) for r in rows)
     val = prepare_val_rows(cfg)
     assert len(val) == 64 and all(isinstance(r, ImagePromptRow) for r in val)

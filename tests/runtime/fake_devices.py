@@ -116,7 +116,8 @@ class FakeRollout:
         return {"finished": finished, "measurements": measurements, "prefills": prefills,
                 "running": len(self.live)}, elapsed
 
-    def validate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0, seed: int = 0):
+    def validate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0, seed: int = 0,
+                 images=None):
         """One fixed response per prompt (``group`` -1 - prompt index), tagged with nothing: the
         live training responses are not touched, as ``RolloutRole.validate`` sets them aside."""
         responses = [[token_at(-1 - i, 0, pos) for pos in range(response_length(-1 - i, 0, max_new_tokens))]

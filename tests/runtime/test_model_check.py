@@ -9,6 +9,7 @@ one bidirl line and never import Ray, vLLM or torch.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -91,18 +92,26 @@ def test_a_bert_directory_cannot_generate(tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                                  "Qwen3VLForConditionalGeneration", "Idefics3ForConditionalGeneration",
-                                  "LlavaForConditionalGeneration"])
-def test_a_vision_language_model_points_to_the_images_issue(tmp_path, arch):
-    d = _config_dir(tmp_path / "vl", architectures=[arch], model_type="qwen2_vl", hidden_size=1536,
-                    num_attention_heads=12, vocab_size=151936, torch_dtype="bfloat16", vision_config={"depth": 2})
-    _refused(d, f"architecture {arch}", "vision-language", "images in the prompt are not supported yet",
-             "issue 40")
+                                  "Qwen3VLForConditionalGeneration", "LlavaForConditionalGeneration"])
+def test_a_torchvision_vision_language_model_runs_on_gpus_only(tmp_path, arch):
+    """vLLM's Qwen-VL and LLaVA import torchvision's image processors, absent beside CPU torch."""
+    pytest.importorskip("vllm")
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here")
+    d = _config_dir(tmp_path / "vl", architectures=[arch], model_type="qwen2_vl", torch_dtype="bfloat16",
+                    vision_config={"depth": 2}, text_config={"hidden_size": 1536, "num_attention_heads": 12,
+                                                             "num_key_value_heads": 2})
+    _refused(d, f"architecture {arch}", "torchvision", "cluster.device=cuda", "model.kind=vl")
+    check_model_dir(d, device="cuda")
 
 
-def test_vision_config_alone_marks_a_vision_language_model(tmp_path):
-    d = _tiny_dir(tmp_path / "m", vision_config={"depth": 2})
-    _refused(d, "vision-language")
+def test_the_tiny_idefics3_model_passes(tiny_vl_dir):
+    check_model_dir(tiny_vl_dir)
+
+
+def test_a_vision_language_model_needs_an_image_text_to_text_class(tmp_path):
+    d = _tiny_dir(tmp_path / "m", vision_config={"depth": 2})  # Qwen2ForCausalLM with a vision_config
+    _refused(d, "vision-language", "AutoModelForImageTextToText", "Idefics3ForConditionalGeneration")
 
 
 def test_the_tiny_model_and_its_real_shapes_pass(tmp_path):

@@ -18,3 +18,17 @@ def test_the_wire_carries_the_configs_rollout_fields_as_rollout_role_arguments()
                     "kv_cache_bytes": 64 << 20, "top_p": 0.9, "top_k": 5, "min_tokens": 3,
                     "reproducible": True}
     inspect.signature(RolloutRole).bind(**wire)  # every key is one of the role's arguments
+
+
+def test_an_image_run_sends_its_image_limit_and_the_frozen_tower():
+    from bidirl.engines.trainer_config import from_wire
+    from bidirl.runtime.launch import worker_settings
+
+    cfg = load_config(None, ["model.kind=vl", "model.freeze_vision_tower=true"])
+    rollout, trainer = worker_settings(cfg, "/models/vl", 90, max_images=2)
+    assert rollout["max_images"] == 2 and rollout["max_model_len"] == 90
+    inspect.signature(RolloutRole).bind(**rollout)
+    assert trainer["freeze_vision_tower"] is True
+    from_wire(trainer)  # a known key
+    text_rollout, text_trainer = worker_settings(load_config(None, []), "/models/m", 90)
+    assert "max_images" not in text_rollout and "freeze_vision_tower" not in text_trainer

@@ -9,6 +9,7 @@ builders and the device worker import it at no cost.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -17,11 +18,29 @@ from typing import Any
 
 from bidirl.engines.trainer_config import NonFiniteWeightsError
 
-__all__ = ["TOKENIZER_FILES", "check_finite", "load_weights", "quiet_hf_progress_bars", "write_model_dir"]
+__all__ = ["TOKENIZER_FILES", "auto_model_class", "check_finite", "is_vision_language", "load_weights",
+           "quiet_hf_progress_bars", "write_model_dir"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
-"""What a model directory holds beside the weights and configs for ``AutoTokenizer`` and vLLM."""
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "processor_config.json", "preprocessor_config.json")
+"""What a model directory holds beside the weights and configs for ``AutoTokenizer``,
+``AutoProcessor`` (a vision-language model's image processor) and vLLM."""
+
+
+def is_vision_language(model_dir: str | Path) -> bool:
+    """Whether ``model_dir``'s ``config.json`` describes a vision-language model (a ``vision_config``)."""
+    try:
+        return "vision_config" in json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def auto_model_class(model_dir: str | Path):
+    """``AutoModelForImageTextToText`` for a vision-language directory, else ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(model_dir) else AutoModelForCausalLM
 
 
 def quiet_hf_progress_bars() -> None:
@@ -77,9 +96,7 @@ def load_weights(model, model_dir: Path, device: str) -> None:
 
     with torch.no_grad():
         if (model_dir / "config.json").is_file():
-            from transformers import AutoModelForCausalLM
-
-            saved = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+            saved = auto_model_class(model_dir).from_pretrained(str(model_dir), dtype=torch.float32)
             model.load_state_dict(saved.state_dict())
             del saved
         else:

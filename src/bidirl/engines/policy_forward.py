@@ -23,16 +23,17 @@ from bidirl.engines.trainer_config import TrainerConfig
 EntropyMode = Literal["none", "metric", "grad"]
 
 
-def forward_logp(model, batch: Collated, entropy: EntropyMode = "metric"
+def forward_logp(model, batch: Collated, entropy: EntropyMode = "metric", vision: dict | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token log-probs (with gradient) and the policy's entropy at each position.
 
     ``metric``: the entropy without gradient, one sequence at a time, so it adds a
     (length x vocab) temporary, not a (batch x length x vocab) one; ``grad``: with its
     gradient (an entropy bonus needs it), over the whole batch; ``none``: not computed.
+    ``vision``: a vision-language model's image inputs (``engines/vision_inputs.py``).
     """
     logits_B_L_V = model(input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,
-                         use_cache=False).logits
+                         use_cache=False, **(vision or {})).logits
     logits_B_T_V = logits_B_L_V[:, :-1]
     logp_B_T = token_logprobs(logits_B_T_V, batch.targets_B_T)
     if entropy == "none":
@@ -45,10 +46,10 @@ def forward_logp(model, batch: Collated, entropy: EntropyMode = "metric"
 
 
 @torch.no_grad()
-def reference_logp(ref_model, batch: Collated) -> torch.Tensor:
+def reference_logp(ref_model, batch: Collated, vision: dict | None = None) -> torch.Tensor:
     """Token log-probs under the frozen reference (initial) model."""
     logits_B_L_V = ref_model(input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,
-                             use_cache=False).logits
+                             use_cache=False, **(vision or {})).logits
     return token_logprobs(logits_B_L_V[:, :-1], batch.targets_B_T)
 
 

@@ -25,6 +25,9 @@ class TrainSample:
     behaviour_logprobs: Sequence[float]
     advantage: float
     ref_logprobs: Sequence[float] | None = None
+    images: tuple[bytes, ...] = ()
+    """The prompt's images, encoded; ``prompt_ids`` then hold each one's placeholder expanded
+    to its tokens, and the trainer runs the model's image processor on them."""
 
     def __post_init__(self):
         if len(self.behaviour_logprobs) != len(self.response_ids):
@@ -110,6 +113,8 @@ class Collated:
     adv_B: torch.Tensor
     spans: list[tuple[int, int]]
     """(first target index, length) of each sample's response in the T axis."""
+    images: list[tuple[bytes, ...]] = field(default_factory=list)
+    """Each sample's images (``engines/vision_inputs.py`` turns them into the model's inputs)."""
 
 
 def collate(samples: Microbatch, pad_id: int, device: str = "cpu") -> Collated:
@@ -137,5 +142,5 @@ def collate(samples: Microbatch, pad_id: int, device: str = "cpu") -> Collated:
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
     return Collated(
         to(input_ids), to(attention), to(input_ids[:, 1:].contiguous()), to(mask), to(old), to(ref),
-        to(adv), spans,
+        to(adv), spans, [tuple(s.images) for s in samples],
     )

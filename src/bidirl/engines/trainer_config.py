@@ -106,24 +106,29 @@ class TrainerConfig:
 
 
 def trainer_wire(cfg: TrainerConfig, device: str, seed: int, steps: int | None = None,
-                 algorithm: AlgorithmConfig | None = None, max_new_tokens: int | None = None) -> dict[str, Any]:
+                 algorithm: AlgorithmConfig | None = None, max_new_tokens: int | None = None,
+                 freeze_vision_tower: bool = False) -> dict[str, Any]:
     """What a device worker is sent to build a trainer: plain data (it crosses Ray).
 
     ``steps`` (``run.steps``) fills ``lr_decay_steps`` when it is null; ``algorithm`` (the
     train config's ``algorithm`` section; None: the defaults) goes along, its null
-    ``loss_scale_factor`` filled with ``max_new_tokens`` (``rollout.max_new_tokens``)."""
+    ``loss_scale_factor`` filled with ``max_new_tokens`` (``rollout.max_new_tokens``).
+    ``freeze_vision_tower`` is ``model.freeze_vision_tower`` (sent only when set)."""
     if steps is not None and cfg.lr_decay_steps is None:
         cfg = dataclasses.replace(cfg, lr_decay_steps=steps)
     algorithm = algorithm or AlgorithmConfig()
     if max_new_tokens is not None and algorithm.loss_scale_factor is None:
         algorithm = dataclasses.replace(algorithm, loss_scale_factor=max_new_tokens)
-    return {"config": as_dict(cfg), "algorithm": as_dict(algorithm), "device": device, "seed": seed}
+    wire = {"config": as_dict(cfg), "algorithm": as_dict(algorithm), "device": device, "seed": seed}
+    if freeze_vision_tower:
+        wire["freeze_vision_tower"] = True
+    return wire
 
 
 def from_wire(wire: dict[str, Any], threads: int | None = None
               ) -> tuple[TrainerConfig, AlgorithmConfig, str, int]:
     """``trainer_wire``'s inverse; ``threads`` (the worker's own setting) wins if given."""
-    unknown = sorted(set(wire) - {"config", "algorithm", "device", "seed"})
+    unknown = sorted(set(wire) - {"config", "algorithm", "device", "seed", "freeze_vision_tower"})
     if unknown:  # e.g. a flat {"lr": ...}: silently dropping it would train with defaults
         raise ValueError(f"trainer wire: unknown keys {unknown}; build it with trainer_wire(...)")
     data = dict(wire.get("config", {}))

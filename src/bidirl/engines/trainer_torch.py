@@ -49,7 +49,7 @@ from bidirl.algo.aggregation import StepTotals, merge_metrics
 from bidirl.algo.algorithm_config import AlgorithmConfig
 from bidirl.algo.objective import policy_objective
 from bidirl.engines.dp_reduce import all_reduce_step, global_totals
-from bidirl.engines.hf_io import check_finite, load_weights, write_model_dir
+from bidirl.engines.hf_io import auto_model_class, check_finite, is_vision_language, load_weights, write_model_dir
 from bidirl.engines.policy_forward import forward_logp, loss_settings, reference_logp
 from bidirl.engines.torch_setup import set_torch_threads
 from bidirl.engines.train_batch import (
@@ -63,6 +63,7 @@ from bidirl.engines.train_batch import (
     step_totals,
 )
 from bidirl.engines.trainer_config import NonFiniteStepError, TrainerConfig
+from bidirl.engines.vision_inputs import VisionInputs, vision_parameter_names
 
 __all__ = ["TorchTrainer"]
 
@@ -71,9 +72,11 @@ class TorchTrainer:
     """Holds an HF causal LM and its AdamW state; computes and applies GRPO gradients."""
 
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None, process_group=None,
-                 *, device: str = "cpu", seed: int = 0, algorithm: AlgorithmConfig | None = None):
-        from transformers import AutoModelForCausalLM
-
+                 *, device: str = "cpu", seed: int = 0, algorithm: AlgorithmConfig | None = None,
+                 freeze_vision_tower: bool = False):
+        """``freeze_vision_tower`` (``model.freeze_vision_tower``): a vision-language model's
+        vision tower is not trained (no gradient, not in the optimizer; still in its weights
+        and every directory written)."""
         self.config = config or TrainerConfig()
         self.algorithm = algorithm or AlgorithmConfig()
         self.loss_settings = loss_settings(self.config, self.algorithm)
@@ -81,10 +84,19 @@ class TorchTrainer:
         set_torch_threads(self.config.threads)
         torch.manual_seed(seed)
         self.model_dir = Path(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        model_class = auto_model_class(model_dir)
+        self.model = model_class.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model.to(device).train()
-        self.pad_id = int(self.model.config.pad_token_id or 0)
-        self.params = dict(self.model.named_parameters())
+        self.pad_id = int(getattr(self.model.config, "pad_token_id", None)
+                          or getattr(self.model.config.get_text_config(), "pad_token_id", None) or 0)
+        self.vision = VisionInputs(model_dir) if is_vision_language(model_dir) else None
+        self.weights = dict(self.model.named_parameters())
+        """Every parameter, by its Hugging Face name: what weights are sent and loaded as."""
+        frozen = set(vision_parameter_names(self.weights)) if freeze_vision_tower else set()
+        for name in frozen:
+            self.weights[name].requires_grad_(False)
+        self.params = {k: p for k, p in self.weights.items() if k not in frozen}
+        """The trained parameters: gradients and the optimizer's state are theirs."""
         self.optimizer = torch.optim.AdamW(
             list(self.params.values()), lr=self.config.lr, betas=self.config.betas,
             eps=self.config.adam_eps, weight_decay=self.config.weight_decay, foreach=False,
@@ -94,7 +106,7 @@ class TorchTrainer:
         # frozen beside the trained copy (one more forward pass per micro-batch).
         self.ref_model = None
         if self.algorithm.kl_on(self.config.kl_coef):
-            self.ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+            self.ref_model = model_class.from_pretrained(str(model_dir), dtype=torch.float32)
             self.ref_model.to(device).eval().requires_grad_(False)
         self.version = 0
         """Training steps taken (the policy version these weights are); a skipped step counts."""
@@ -108,7 +120,7 @@ class TorchTrainer:
         out = []
         for mb in make_microbatches(samples, micro_batch_size):
             batch = collate(mb, self.pad_id, self.device)
-            logp_B_T = forward_logp(self.model, batch, "none")[0].cpu()
+            logp_B_T = forward_logp(self.model, batch, "none", self._vision(batch))[0].cpu()
             out += [logp_B_T[b, s : s + n].numpy().copy() for b, (s, n) in enumerate(batch.spans)]
         return out
 
@@ -140,16 +152,25 @@ class TorchTrainer:
         """Forward and backward of one padded batch (gradients accumulate); its metrics."""
         batch = collate(mb, self.pad_id, self.device)
         settings = self.loss_settings
-        logp_B_T, entropy_B_T = forward_logp(self.model, batch, "grad" if settings.entropy_coeff else "metric")
+        vision = self._vision(batch)
+        logp_B_T, entropy_B_T = forward_logp(self.model, batch, "grad" if settings.entropy_coeff else "metric",
+                                             vision)
         ref_logp_B_T = batch.ref_logp_B_T
         if ref_logp_B_T is None and self.ref_model is not None:
-            ref_logp_B_T = reference_logp(self.ref_model, batch)
+            ref_logp_B_T = reference_logp(self.ref_model, batch, vision)
         out = policy_objective(logp_B_T, batch.old_logp_B_T, batch.adv_B, batch.mask_B_T, totals, settings,
                                ref_logp_B_T, entropy_B_T)
         out.loss.backward()
         metrics = {k: float(v) for k, v in out.metrics.items()}
         metrics["loss"] = float(out.loss.detach())
         return metrics
+
+    def _vision(self, batch) -> dict | None:
+        """The batch's image inputs for the forward (None for a text model or batch)."""
+        if self.vision is None or not any(batch.images):
+            return None
+        return self.vision.forward_kwargs(self.model, batch.input_ids_B_L, batch.attention_mask_B_L, batch.images,
+                                          self.device)
 
     def compute_chunk_grads(
         self, microbatches: Sequence[Microbatch], totals: StepTotals | None = None,
@@ -279,18 +300,19 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ weights and state
     def get_weights_numpy(self) -> dict[str, np.ndarray]:
-        """Checkpoint-named fp32 copies of all parameters (safe to ship; not views)."""
-        return {name: p.detach().to("cpu").numpy().copy() for name, p in self.params.items()}
+        """Checkpoint-named fp32 copies of all parameters, a frozen vision tower's included
+        (safe to ship; not views)."""
+        return {name: p.detach().to("cpu").numpy().copy() for name, p in self.weights.items()}
 
     @torch.no_grad()
     def set_weights_numpy(self, weights: dict[str, np.ndarray], version: int | None = None) -> None:
         """Overwrite parameters (an auxiliary trainer adopting the primary's weights)."""
-        missing = set(self.params) - set(weights)
+        missing = set(self.weights) - set(weights)
         if missing:
             raise KeyError(f"weights missing parameters: {sorted(missing)[:5]}")
         with warnings.catch_warnings():  # arrays from Ray's object store are read-only; copy_ only reads them
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            for name, p in self.params.items():
+            for name, p in self.weights.items():
                 p.copy_(torch.from_numpy(np.asarray(weights[name])).view_as(p))
         if version is not None:
             self.version = int(version)

@@ -34,11 +34,11 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import asdict
 from pathlib import Path
 
 from bidirl.runtime.checkpoint_integrity import checkpoint_writer, integrity_problem, manifest_problem
 from bidirl.runtime.config import ConfigError
+from bidirl.runtime.group_store import result_state
 
 
 class ResumeError(ConfigError):
@@ -277,7 +277,7 @@ def _boundary_state(next_step: int, ex, store, cursor, rewards_by_step: dict[int
     for p in partials:
         g = by_gid.get(p.group_id)
         if g is not None and all(r["index"] != p.index for r in g["done"]):
-            g["partial"] = [r for r in g["partial"] if r["index"] != p.index] + [asdict(p)]
+            g["partial"] = [r for r in g["partial"] if r["index"] != p.index] + [result_state(p)]
     return {"next_step": next_step, "cursor": cursor.state_dict(), "store": state,
             "next_group": ex.rollout.next_group_id(),
             "rewards_by_step": {k: v for k, v in rewards_by_step.items() if k < next_step}}

@@ -46,6 +46,12 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     path: str | None = option(None, "a local HF model directory; null: build the tiny model")
+    kind: Literal["text", "vl"] = option(
+        "text", "the tiny model bidirl builds when path is null: text (a Llama-shaped causal LM) or vl (a "
+        "SmolVLM-shaped Idefics3 vision-language model, for prompts with images: data.task=shapes)")
+    freeze_vision_tower: bool = option(
+        False, "a vision-language model's vision tower is not trained (no gradient, not in the optimizer); "
+        "false: trained with the rest")
     tiny_layers: int = option(2, "tiny model layers (used only when path is null)", ge=1)
     tiny_hidden: int = option(128, "tiny model hidden size: 4 attention heads of tiny_hidden / 4 each (cpu: a "
                               "head size vLLM's CPU attention supports, so one of 128, 256, 320, 384, ...)", ge=1)

@@ -35,6 +35,7 @@ whose first step has no good reward at all stops (``score_step``): it would trai
 
 from __future__ import annotations
 
+import base64
 import math
 import numbers
 import sys
@@ -169,10 +170,18 @@ class GroupRecord:
     unshaped: dict[int, float] = field(default_factory=dict)  # the reward before the overlong penalty
     batch: int | None = None  # the step it belongs to (global), once the controller assigned it
     filtered: bool = False  # dynamic sampling: complete with all rewards equal, kept until its step is recorded
+    images: tuple[bytes, ...] = ()  # the prompt's images, encoded; prompt_ids hold one placeholder each
+    image_tokens: int = 0  # tokens the images add once their placeholders are expanded
+    train_prompt_ids: list[int] | None = None  # the prompt as the trainer sees it (expanded); None: prompt_ids
 
     @property
     def complete(self) -> bool:
         return len(self.done) == self.n
+
+    @property
+    def trained_prompt_ids(self) -> list[int]:
+        """The prompt the trainer computes on: each image placeholder expanded to its tokens."""
+        return self.prompt_ids if self.train_prompt_ids is None else self.train_prompt_ids
 
 
 class GroupStore:
@@ -197,11 +206,18 @@ class GroupStore:
         self._first_step_scored = False
 
     def add(self, group_id: int, prompt_uid: str, prompt_ids: list[int], data_source: str,
-            ground_truth: Any, extra_info: dict | None = None) -> GroupRecord:
+            ground_truth: Any, extra_info: dict | None = None, images: tuple[bytes, ...] = (),
+            train_prompt_ids: list[int] | None = None) -> GroupRecord:
+        """A new group.  With ``images``, ``prompt_ids`` holds one placeholder per image (what
+        vLLM is sent) and ``train_prompt_ids`` the same prompt with each expanded (what the
+        trainer computes on)."""
         if group_id in self.groups:
             raise ValueError(f"group {group_id} already exists")
+        trained = None if train_prompt_ids is None else list(train_prompt_ids)
         rec = GroupRecord(group_id, prompt_uid, list(prompt_ids), data_source, ground_truth,
-                          dict(extra_info or {}), self.n)
+                          dict(extra_info or {}), self.n, images=tuple(images),
+                          image_tokens=len(trained) - len(prompt_ids) if trained is not None else 0,
+                          train_prompt_ids=trained)
         self.groups[group_id] = rec
         return rec
 
@@ -217,7 +233,8 @@ class GroupStore:
             else:
                 rec.partial.pop(i, None)
                 out.append(ResponseRequest(group_id, i, rec.prompt_ids, self.cap_for(group_id),
-                                           self.temperature, seed=self._seed(group_id, i)))
+                                           self.temperature, seed=self._seed(group_id, i), images=rec.images,
+                                           image_tokens=rec.image_tokens))
         return out
 
     def absorb_finished(self, results: list[ResponseResult]) -> list[int]:
@@ -369,20 +386,30 @@ class GroupStore:
     # -- checkpoint -------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Every group's prompt, step and responses (rewards are scored again, and a filtered
-        group judged again, when a resumed run completes it)."""
+        group judged again, when a resumed run completes it).  A group's images once, as
+        base64 text (the state is JSON); its responses' copies are given back on load."""
         return {"n": self.n, "groups": [
             {**{k: v for k, v in asdict(rec).items()
-                if k not in ("done", "partial", "rewards", "bad", "extras", "filtered")},
-             "done": [asdict(r) for r in rec.done.values()],
-             "partial": [asdict(r) for r in rec.partial.values()]}
+                if k not in ("done", "partial", "rewards", "bad", "extras", "filtered", "images")},
+             "images": [base64.b64encode(b).decode("ascii") for b in rec.images],
+             "done": [result_state(r) for r in rec.done.values()],
+             "partial": [result_state(r) for r in rec.partial.values()]}
             for rec in self.groups.values()]}
 
     def load_state_dict(self, state: dict) -> None:
         self.groups = {}
         for g in state["groups"]:
+            images = tuple(base64.b64decode(b) for b in g.get("images", ()))
             rec = GroupRecord(g["group_id"], g["prompt_uid"], g["prompt_ids"], g["data_source"],
-                              g["ground_truth"], g["extra_info"], g["n"])
-            rec.done = {r["index"]: ResponseResult(**r) for r in g["done"]}
-            rec.partial = {r["index"]: ResponseResult(**r) for r in g["partial"]}
+                              g["ground_truth"], g["extra_info"], g["n"], images=images,
+                              image_tokens=g.get("image_tokens", 0), train_prompt_ids=g.get("train_prompt_ids"))
+            rec.done = {r["index"]: ResponseResult(**{**r, "images": images}) for r in g["done"]}
+            rec.partial = {r["index"]: ResponseResult(**{**r, "images": images}) for r in g["partial"]}
             rec.batch = g.get("batch")  # a checkpoint from before it was kept: None (ids were steps)
             self.groups[rec.group_id] = rec
+
+
+def result_state(r: ResponseResult) -> dict:
+    """A response as a checkpoint keeps it (JSON): without its images, which its group holds
+    once (``GroupStore.state_dict``) and gives back on load."""
+    return {k: v for k, v in asdict(r).items() if k != "images"}

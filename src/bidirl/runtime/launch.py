@@ -30,12 +30,14 @@ from bidirl.runtime.messages import rollout_wire
 from bidirl.runtime.placement import PREWARM_SYNC, WARM_UP, NodeLost, Placement, start_workers
 
 
-def worker_settings(cfg: TrainConfig, model_dir: str, max_model_len: int) -> tuple[dict, dict]:
+def worker_settings(cfg: TrainConfig, model_dir: str, max_model_len: int, max_images: int = 0
+                    ) -> tuple[dict, dict]:
     """(the rollout role's keyword arguments, the trainer's config on the wire): what every
-    worker is given to host its roles."""
-    rollout_kwargs = rollout_wire(cfg, model_dir, max_model_len)
+    worker is given to host its roles; ``max_images``: the most images one prompt holds."""
+    rollout_kwargs = rollout_wire(cfg, model_dir, max_model_len, max_images)
     trainer_config = trainer_wire(cfg.trainer, device=cfg.cluster.device, seed=cfg.run.seed, steps=cfg.run.steps,
-                                  algorithm=cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens)
+                                  algorithm=cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens,
+                                  freeze_vision_tower=cfg.model.freeze_vision_tower)
     return rollout_kwargs, trainer_config
 
 

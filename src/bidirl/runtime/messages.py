@@ -19,13 +19,18 @@ if TYPE_CHECKING:
     from bidirl.runtime.config import TrainConfig
 
 
-def rollout_wire(cfg: TrainConfig, model_dir: str, max_model_len: int) -> dict[str, Any]:
+def rollout_wire(cfg: TrainConfig, model_dir: str, max_model_len: int, max_images: int = 0) -> dict[str, Any]:
     """``RolloutRole``'s keyword arguments for a run: what a device worker is sent to host a
-    replica (``host("rollout", **wire)``); ``max_model_len`` is measured from the prompts."""
-    return dict(model_dir=model_dir, max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len,
+    replica (``host("rollout", **wire)``); ``max_model_len`` is measured from the prompts (image
+    tokens counted), ``max_images`` is the most images a prompt holds (vLLM's
+    ``limit_mm_per_prompt``; 0: a text run, no limit sent)."""
+    wire = dict(model_dir=model_dir, max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len,
                 dtype=cfg.model.dtype, kv_cache_bytes=cfg.rollout.kv_cache_mb << 20,
                 top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, min_tokens=cfg.rollout.min_new_tokens,
                 reproducible=cfg.scheduler.reproducible)
+    if max_images:
+        wire["max_images"] = max_images
+    return wire
 
 
 @dataclass
@@ -41,6 +46,10 @@ class ResponseRequest:
     prefix_ids: list[int] = field(default_factory=list)
     prefix_logprobs: list[float] = field(default_factory=list)
     prefix_versions: list[int] = field(default_factory=list)
+    images: tuple[bytes, ...] = ()
+    """The prompt's images, encoded (PNG, JPEG...): one per placeholder token in ``prompt_ids``."""
+    image_tokens: int = 0
+    """Tokens the images add to the prompt once vLLM expands their placeholders."""
 
     @property
     def request_id(self) -> str:
@@ -63,18 +72,23 @@ class ResponseResult:
     max_new_tokens: int
     temperature: float
     seed: int
+    images: tuple[bytes, ...] = ()
+    """The prompt's images (``ResponseRequest.images``): a partial resumes with them elsewhere."""
+    image_tokens: int = 0
 
     @classmethod
     def start(cls, r: ResponseRequest) -> ResponseResult:
         """``r``'s response before the engine added a token: its prefix, if it resumes one."""
         return cls(r.group_id, r.index, r.prompt_ids, list(r.prefix_ids), list(r.prefix_logprobs),
-                   list(r.prefix_versions), False, None, r.max_new_tokens, r.temperature, r.seed)
+                   list(r.prefix_versions), False, None, r.max_new_tokens, r.temperature, r.seed,
+                   r.images, r.image_tokens)
 
     def as_request(self) -> ResponseRequest:
-        """Resume this partial response from where it stopped."""
+        """Resume this partial response from where it stopped (with its prompt's images)."""
         return ResponseRequest(self.group_id, self.index, self.prompt_ids,
                                self.max_new_tokens, self.temperature, self.seed + 7919,
-                               list(self.token_ids), list(self.logprobs), list(self.versions))
+                               list(self.token_ids), list(self.logprobs), list(self.versions),
+                               self.images, self.image_tokens)
 
 
 class PrefillBurst(NamedTuple):

@@ -7,8 +7,10 @@ generation", a vision-language one 11 s in with transformers' list of 400 model 
 :func:`check_model_dir` reads ``config.json`` (and the tokenizer's size) and raises a one-line
 ``ConfigError`` (exit status 2) for, in this order:
 
-1. a vision-language (or other multimodal) architecture: prompts with images are not
-   supported yet (planned: issue 40, vision-language GRPO);
+1. a vision-language architecture vLLM has no multimodal model of, or transformers no
+   image-text-to-text class of (the trainer loads ``AutoModelForImageTextToText``), or, on a
+   CPU without torchvision, one whose vLLM implementation needs torchvision's image
+   processors (Qwen-VL, Gemma 3, InternVL, LLaVA: they run on GPUs; Idefics3 / SmolVLM runs);
 2. an architecture vLLM does not generate with (a pooling model such as
    ``BertForMaskedLM``, one vLLM dropped, one it does not know), listing what it does;
 3. a ``model_type`` transformers' ``AutoModelForCausalLM`` (the trainer) has no class for;
@@ -41,7 +43,9 @@ from bidirl.runtime.config import ConfigError
 __all__ = ["EngineArchitectures", "check_model_dir", "cpu_head_sizes", "engine_architectures",
            "tokenizer_size", "trainer_model_types"]
 
-VISION_LANGUAGE_ISSUE = "issue 40, vision-language GRPO"
+TORCHVISION_VL_PREFIXES = ("Qwen2VL", "Qwen2_5_VL", "Qwen3VL", "Gemma3ForConditional", "InternVL", "Llava")
+"""Vision-language architectures whose vLLM 0.32 implementation imports transformers'
+torchvision image processors: they cannot run where torchvision is not installed (CPU torch)."""
 TRAINABLE_DTYPES = ("float32", "bfloat16", "float16")
 # Shown first (those vLLM has) when listing what runs; the rest are counted.
 COMMON_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM",
@@ -218,13 +222,33 @@ def check_model_dir(model_dir: str | Path | None, *, device: str = "cpu", field:
                           "a Hugging Face model directory has a config.json") from None
     if not isinstance(hf, dict):
         raise ConfigError(f"{field}: {path} holds a {type(hf).__name__}, not a JSON object")
-    _check_architecture(hf, path, field)
-    _check_heads(hf, path, field, device)
+    _check_architecture(hf, path, field, device)
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf  # a vision-language model's LM
+    _check_heads(text, path, field, device)
     _check_dtype(hf, path, field)
-    _check_vocab(hf, d, path, field)  # last: the only one that may load the tokenizer
+    _check_vocab(text, d, path, field)  # last: the only one that may load the tokenizer
 
 
-def _check_architecture(hf: dict, path: Path, field: str) -> None:
+def _check_vision_language(archs: list[str], named: str, path: Path, field: str, vision, engine,
+                           device: str) -> None:
+    both = (vision & engine.multimodal) if engine else vision
+    some = _some(both, first=("Idefics3ForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"))
+    if not any(a in vision for a in archs):
+        raise ConfigError(f"{field}: {named} in {path} is a vision-language model transformers has no "
+                          f"image-text-to-text class for (the trainer loads AutoModelForImageTextToText); use "
+                          f"e.g. {some}")
+    if engine and not any(a in engine.multimodal for a in archs):
+        raise ConfigError(f"{field}: {named} in {path} is a vision-language model vLLM cannot generate with; use "
+                          f"e.g. {some}")
+    if device == "cpu" and any(a.startswith(TORCHVISION_VL_PREFIXES) for a in archs) \
+            and importlib.util.find_spec("torchvision") is None:
+        raise ConfigError(f"{field}: {named} in {path} is a vision-language model whose vLLM implementation needs "
+                          "torchvision's image processors, and torchvision is not installed (its PyPI builds are "
+                          "CUDA builds, which do not run beside CPU torch); run it with cluster.device=cuda, or on a "
+                          "CPU use an Idefics3 (SmolVLM) model such as model.kind=vl builds")
+
+
+def _check_architecture(hf: dict, path: Path, field: str, device: str = "cpu") -> None:
     archs = [a for a in hf.get("architectures") or [] if isinstance(a, str)]
     model_type = hf.get("model_type")
     engine = engine_architectures()
@@ -232,10 +256,8 @@ def _check_architecture(hf: dict, path: Path, field: str) -> None:
     arch = archs[0] if archs else None
     named = f"architecture {arch}" if arch else f"model_type {model_type!r}"
     if any(a in vision or (engine and a in engine.multimodal) for a in archs) or "vision_config" in hf:
-        text_lms = set(causal.values()) & engine.generation if engine else set(causal.values())
-        raise ConfigError(f"{field}: {named} in {path} is a vision-language (multimodal) model; images in the "
-                          f"prompt are not supported yet (planned: {VISION_LANGUAGE_ISSUE}); use a text-only "
-                          f"causal LM such as {_some(text_lms, limit=4)}")
+        _check_vision_language(archs, named, path, field, vision, engine, device)
+        return
     if engine and arch and not any(a in engine.generation for a in archs):
         if arch in engine.pooling:
             why = "vLLM runs it only as a pooling model (embeddings, classification), not for generation"

@@ -4,10 +4,10 @@
 after the whole start-up: ``check_model_shape`` (a model vLLM cannot run on the device),
 ``prepare_data`` (the prompt rows and the reward function, tried once), ``prepare_val_rows``,
 ``prepare_model`` (the user's model directory, or bidirl's tiny model plus a warm start),
-then ``fit_prompts`` (every prompt measured with the run's tokenizer: vLLM's
-``max_model_len``, over-long prompts dropped or refused) and ``val_set`` (the validation
-prompts as the replica gets them).  ``response_cap`` is the length curriculum;
-``PromptStream`` turns the prompt cursor into the store's groups.
+then ``fit_prompts`` (every prompt measured with the run's tokenizer, or processor when
+rows hold images: vLLM's ``max_model_len``, over-long prompts dropped or refused).
+``response_cap`` is the length curriculum.  How the prompts are encoded and handed to the
+store and the validator is ``runtime/prompt_stream.py``.
 """
 
 from __future__ import annotations
@@ -21,22 +21,28 @@ from pathlib import Path
 
 from bidirl.algo import tasks as task_lib
 from bidirl.algo import tasks_visual  # noqa: F401  (registers the visual task "shapes" with task_lib)
-from bidirl.algo.data import DataError, PromptCursor, load_reward_fn, validate_row
+from bidirl.algo.data import DataError, load_reward_fn, validate_row
 from bidirl.algo.multimodal import image_prompt_lengths, load_prompt_rows, validate_image_row
+from bidirl.engines.hf_io import is_vision_language
 from bidirl.models.tiny import build_tiny_model, encode_prompt
+from bidirl.models.tiny_vl import build_tiny_vl_model
 from bidirl.models.warm_start import warm_start
+from bidirl.models.warm_start_vl import warm_start_vl
 from bidirl.runtime.config import ConfigError, TrainConfig
-from bidirl.runtime.group_store import BadRewardError, GroupStore, RewardFn, call_reward, describe_bad_reward
+from bidirl.runtime.group_store import BadRewardError, RewardFn, call_reward, describe_bad_reward
 from bidirl.runtime.model_check import check_model_dir, cpu_head_sizes
-from bidirl.runtime.validation import BUILTIN_VAL_ROWS, ValSet
+from bidirl.runtime.validation import BUILTIN_VAL_ROWS
 
 MODELS_CACHE = Path(os.environ.get("BIDIRL_CACHE", Path.home() / ".cache" / "bidirl")) / "models"
 
 
 def prepare_model(cfg: TrainConfig) -> str:
-    """A local HF model directory: the user's, or bidirl's tiny model plus a warm start."""
+    """A local HF model directory: the user's, or bidirl's tiny model (``model.kind``: text,
+    or the SmolVLM-shaped vision-language one) plus a warm start."""
     if cfg.model.path:
         return str(Path(cfg.model.path).resolve())
+    if cfg.model.kind == "vl":
+        return _prepare_tiny_vl(cfg)
     base = MODELS_CACHE / f"tiny-L{cfg.model.tiny_layers}-H{cfg.model.tiny_hidden}"
     build_tiny_model(base, layers=cfg.model.tiny_layers, hidden=cfg.model.tiny_hidden)
     tasks = (cfg.data.task,) if cfg.data.task and not cfg.data.files else ("copy",)
@@ -48,6 +54,20 @@ def prepare_model(cfg: TrainConfig) -> str:
     out = MODELS_CACHE / f"{base.name}-sft-{'-'.join(tasks)}-{steps}"
     print(f"[bidirl] warm start: {steps} SFT steps on {tasks} -> {out}", file=sys.stderr)
     warm_start(base, out, tasks=tasks, steps=steps, seed=cfg.run.seed)
+    return str(out)
+
+
+def _prepare_tiny_vl(cfg: TrainConfig) -> str:
+    """The tiny Idefics3 model (``models/tiny_vl.py``, the text tiny model's shape), warm
+    started on the visual task when the run trains on one (``models/warm_start_vl.py``)."""
+    base = MODELS_CACHE / f"tiny-vl-L{cfg.model.tiny_layers}-H{cfg.model.tiny_hidden}"
+    build_tiny_vl_model(base, layers=cfg.model.tiny_layers, hidden=cfg.model.tiny_hidden)
+    task = cfg.data.task if not cfg.data.files else None
+    if cfg.model.warm_start_steps <= 0 or task is None or task_lib.get_task(task).name != "shapes":
+        return str(base)
+    out = MODELS_CACHE / f"{base.name}-sft-{task}-{cfg.model.warm_start_steps}"
+    print(f"[bidirl] warm start: {cfg.model.warm_start_steps} SFT steps on {task} (images) -> {out}", file=sys.stderr)
+    warm_start_vl(base, out, task=task, steps=cfg.model.warm_start_steps, seed=cfg.run.seed)
     return str(out)
 
 
@@ -72,7 +92,7 @@ def prepare_data(cfg: TrainConfig):
     else:
         fn, name = task_lib.compute_score, "the built-in compute_score"
     reward_fn = RewardFn(fn, cfg.data.on_bad_reward, name, cfg.data.reward_timeout_s)
-    refuse_images(rows, "data")
+    check_images_fit_model(cfg, rows, "data")
     if rows:
         check_reward_fn(reward_fn, rows[0])
     return rows, reward_fn
@@ -99,15 +119,20 @@ def _task_row(cfg: TrainConfig, raw: dict, source: str, i: int):
     return validate_row(raw, source, i)
 
 
-def refuse_images(rows, what: str) -> None:
-    """``ConfigError`` for image rows, before anything starts: they load and are checked, but the
-    rollout and the trainer do not carry images yet (docs/runtime.md, "Images in the prompt")."""
+def check_images_fit_model(cfg: TrainConfig, rows, what: str) -> None:
+    """``ConfigError`` for image rows and a text model, before anything starts: the tiny text
+    model (``model.kind=text``) or a ``model.path`` without a vision tower cannot see them."""
+    first = next((r for r in rows if getattr(r, "images", ())), None)
+    if first is None:
+        return
     n = sum(1 for r in rows if getattr(r, "images", ()))
-    if n:
-        first = next(r for r in rows if getattr(r, "images", ()))
-        raise ConfigError(f"{what}: {n} of {len(rows)} rows hold images (the first: {first.path} {first.label}); "
-                          "image rows load and are checked, but the rollout and the trainer do not carry images "
-                          "yet (docs/runtime.md, 'Images in the prompt')")
+    where = f"{what}: {n} of {len(rows)} rows hold images (the first: {first.path} {first.label})"
+    if cfg.model.path is None and cfg.model.kind != "vl":
+        raise ConfigError(f"{where}, and model.kind=text builds a text-only model; set model.kind=vl (the tiny "
+                          "SmolVLM-shaped model) or model.path=<a vision-language model directory>")
+    if cfg.model.path is not None and not is_vision_language(cfg.model.path):
+        raise ConfigError(f"{where}, but model.path={cfg.model.path} is a text-only model (no vision_config in "
+                          "its config.json); use a vision-language model, or data without images")
 
 
 def prepare_val_rows(cfg: TrainConfig) -> list:
@@ -118,7 +143,7 @@ def prepare_val_rows(cfg: TrainConfig) -> list:
     n = cfg.data.val_max_samples
     if cfg.data.val_files:
         rows = load_files(cfg, cfg.data.val_files, "validation data")
-        refuse_images(rows, "validation data")
+        check_images_fit_model(cfg, rows, "validation data")
         return rows if n < 0 else rows[:n]
     if cfg.data.files:
         return []  # user data with no validation files: nothing to validate on
@@ -145,6 +170,8 @@ class PromptLengths:
     val_rows: tuple = ()
     """The validation rows kept (``data.max_prompt_length`` applies to them alike)."""
     val_filtered: int = 0
+    max_images: int = 0
+    """The most images one kept prompt holds (vLLM's ``limit_mm_per_prompt``); 0: text only."""
 
 
 _CHUNK = 4096
@@ -274,7 +301,8 @@ def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None 
         longest = max([longest] + val_lengths)
     fit = PromptLengths(kept=len(kept), filtered=n_over, mean=statistics.fmean(kept_lengths),
                         longest=longest, max_model_len=longest + new, val_rows=tuple(val_kept),
-                        val_filtered=val_over)
+                        val_filtered=val_over,
+                        max_images=max((len(getattr(r, "images", ())) for r in kept + val_kept), default=0))
     context = model_context(model_dir)
     if context is not None and fit.max_model_len > context:
         raise ConfigError(f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({new}) = "
@@ -329,39 +357,3 @@ def check_reward_fn(reward_fn, row) -> None:
         raise BadRewardError(f"{what}, before any worker started; fix the reward function or set "
                              "data.on_bad_reward=zero to score such responses 0")
     print(f"[bidirl] warning: {what}; such rewards will be scored 0 (data.on_bad_reward=zero)", file=sys.stderr)
-
-
-def val_set(cfg: TrainConfig, fit: PromptLengths, tok) -> ValSet | None:
-    """The kept validation prompts (``fit.val_rows``) as the replica gets them; None when
-    there are none."""
-    if not fit.val_rows:
-        return None
-    kept = list(fit.val_rows)
-    return ValSet(kept, [encode_prompt(tok, r.messages) for r in kept], cfg.rollout.max_new_tokens,
-                  cfg.rollout.val_temperature, cfg.run.seed)
-
-
-class PromptStream:
-    """The run's prompts, group by group: each new group takes the cursor's next row, whose
-    prompt is encoded once (the chat template applied) and kept for the row's next turn."""
-
-    def __init__(self, cursor: PromptCursor, store: GroupStore, tok) -> None:
-        self.cursor, self.store, self.tok = cursor, store, tok
-        self._prompt_ids: dict[int, list[int]] = {}
-
-    def new_group(self, gid: int) -> None:
-        """Create group ``gid`` (a global id) in the store."""
-        item = self.cursor.next()
-        key = item.index
-        if key not in self._prompt_ids:
-            self._prompt_ids[key] = encode_prompt(self.tok, item.row.messages)
-        self.store.add(gid, item.uid, self._prompt_ids[key], item.row.data_source, item.row.ground_truth,
-                       item.row.extra_info)
-
-    def decode(self, ids) -> str:
-        """A response's text, as the reward function reads it."""
-        return self.tok.decode(ids, skip_special_tokens=True)
-
-    def decode_prompt(self, ids) -> str:
-        """A prompt's text, its template included (for samples)."""
-        return self.tok.decode(ids, skip_special_tokens=False)

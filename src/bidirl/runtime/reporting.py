@@ -59,7 +59,7 @@ class StepGroups:
     def read(cls, store, group_ids) -> StepGroups:
         return cls(store.bad_count(group_ids), store.extra_means(group_ids),
                    [len(store.groups[g].done[i].token_ids) for g in group_ids for i in range(store.n)],
-                   [len(store.groups[g].prompt_ids) for g in group_ids])
+                   [len(store.groups[g].trained_prompt_ids) for g in group_ids])
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,38 @@ request, the response it continues (:class:`~bidirl.runtime.messages.ResponseRes
 tokens so far), its context length and whether it has been prefilled; it turns the
 engine's outputs into tokens tagged with the policy version that produced them.
 
+A prompt with images goes to the engine as its token ids with one placeholder per image
+plus the decoded images (``multi_modal_data``): vLLM expands the placeholders itself, on a
+fresh request, a resumed partial and a restart after a weight update alike (the restart
+prefills the image again).  The images are decoded once per prompt (:func:`engine_prompt`'s
+cache: every response of a group shares one tuple), and a request's context counts the
+tokens they add (``image_tokens``), as the engine's KV cache and step times do.
+
 Not thread-safe: ``RolloutRole`` calls it while it holds the engine.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 from dataclasses import dataclass
 
 from bidirl.runtime.messages import ResponseRequest, ResponseResult
+
+
+@functools.lru_cache(maxsize=64)  # a replica's groups in flight; decoded images can be MBs each
+def decoded_images(images: tuple[bytes, ...]) -> tuple:
+    """A prompt's encoded images as RGB PIL images (cached: a group's requests share them)."""
+    from PIL import Image  # lazy: only runs with images need it
+
+    return tuple(Image.open(io.BytesIO(b)).convert("RGB") for b in images)
+
+
+def engine_prompt(token_ids: list[int], images: tuple[bytes, ...] = ()) -> dict:
+    """vLLM's prompt for ``token_ids`` (one placeholder per image) and the prompt's images."""
+    if not images:
+        return {"prompt_token_ids": token_ids}
+    return {"prompt_token_ids": token_ids, "multi_modal_data": {"image": list(decoded_images(tuple(images)))}}
 
 
 @dataclass
@@ -26,6 +50,11 @@ class TrainingSampling:
     top_k: int = -1
     min_tokens: int = 0
     reproducible: bool = False
+    image_tokens: tuple[int, ...] = ()
+    """A vision-language model's image placeholder ids (``image_token_id``...), never sampled:
+    the trainer's forward would take one in a response for an image's place and find no
+    image for it.  Banned by a logit bias, after the behaviour log-probs are taken (vLLM's
+    raw log-probs), as ``top_p``/``top_k`` are."""
 
 
 class RequestBook:
@@ -73,12 +102,13 @@ class RequestBook:
         s = self.sampling
         sp = SamplingParams(max_tokens=r.max_new_tokens - done, temperature=r.temperature,
                             top_p=s.top_p, top_k=s.top_k, logprobs=0, seed=seed,
-                            min_tokens=max(0, min(s.min_tokens, r.max_new_tokens) - done))
+                            min_tokens=max(0, min(s.min_tokens, r.max_new_tokens) - done),
+                            logit_bias={t: -100.0 for t in s.image_tokens} or None)
         context = r.prompt_ids + res.token_ids
-        self.engine.add_request(rid, {"prompt_token_ids": context}, sp)
+        self.engine.add_request(rid, engine_prompt(context, r.images), sp)
         self.live[rid], self.partial[rid], self.base[rid] = r, res, done
-        self.context[rid] = len(context)
-        self.unprefilled[rid] = len(context)
+        self.context[rid] = len(context) + r.image_tokens
+        self.unprefilled[rid] = len(context) + r.image_tokens
 
     def forget(self, rid: str) -> tuple[ResponseRequest, ResponseResult]:
         """Drop engine request ``rid`` from the book; returns its request and progress."""

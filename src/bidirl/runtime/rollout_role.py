@@ -27,7 +27,7 @@ import time
 from contextlib import contextmanager
 
 from bidirl.runtime.messages import ResponseRequest, ResponseResult
-from bidirl.runtime.rollout_requests import RequestBook, TrainingSampling
+from bidirl.runtime.rollout_requests import RequestBook, TrainingSampling, engine_prompt
 from bidirl.runtime.rollout_timing import StepTiming
 from bidirl.runtime.vllm_env import apply_vllm_env
 
@@ -71,18 +71,26 @@ def repack_tied_lm_head(worker) -> int:
     return len(heads)
 
 
+def image_placeholder_ids(hf_config) -> tuple[int, ...]:
+    """The ids a vision-language model's processor puts in an image's (or a video's) place."""
+    names = ("image_token_id", "image_token_index", "video_token_id")
+    return tuple(sorted({v for n in names if isinstance(v := getattr(hf_config, n, None), int) and v >= 0}))
+
+
 class RolloutRole:
     """A vLLM engine in this process, with version-tagged, abortable, resumable requests."""
 
     def __init__(self, model_dir: str, *, max_num_seqs: int = 128, max_model_len: int = 512,
                  dtype: str = "float32", seed: int = 0, device: str = "cpu",
                  kv_cache_bytes: int = 256 << 20, top_p: float = 1.0, top_k: int = -1,
-                 min_tokens: int = 0, reproducible: bool = False) -> None:
+                 min_tokens: int = 0, reproducible: bool = False, max_images: int = 0) -> None:
         """``reproducible`` (``scheduler.reproducible``): a response whose engine request is
         restarted (a weight update, a validation) starts again from its first token with its
         own seed, instead of continuing from its tokens so far on a new random stream.
         ``min_tokens`` (``rollout.min_new_tokens``): EOS is masked until a training response
-        has that many tokens (capped at its ``max_new_tokens``); validation is not forced."""
+        has that many tokens (capped at its ``max_new_tokens``); validation is not forced.
+        ``max_images``: the most images one prompt holds (vLLM's ``limit_mm_per_prompt``; 0:
+        the model's own default)."""
         apply_vllm_env()
         import torch  # lazy, as vLLM: both load after apply_vllm_env (thread counts, compile flags)
         from vllm import LLM
@@ -94,11 +102,13 @@ class RolloutRole:
                         enforce_eager=True, seed=seed, enable_prefix_caching=False,
                         use_tqdm_on_load=False,
                         # Explicit: otherwise vLLM sizes the KV cache from (shared) host memory.
-                        kv_cache_memory_bytes=kv_cache_bytes, **engine_batching())
+                        kv_cache_memory_bytes=kv_cache_bytes, **engine_batching(),
+                        **({"limit_mm_per_prompt": {"image": max_images}} if max_images else {}))
         self._engine = self._llm.llm_engine
         hf = self._engine.vllm_config.model_config.hf_config
         self._tied_cpu_head = vllm_on_cpu() and bool(getattr(hf.get_text_config(), "tie_word_embeddings", False))
-        self.sampling = TrainingSampling(top_p, top_k, min_tokens, reproducible)  # may change between requests
+        self.sampling = TrainingSampling(top_p, top_k, min_tokens, reproducible,  # may change between requests
+                                         image_placeholder_ids(hf))
         self._requests = RequestBook(self._engine, max_num_seqs, self.sampling)
         # The outbox poll drains, and what guards it and the engine (see the module doc).
         self._finished: list[ResponseResult] = []
@@ -213,19 +223,23 @@ class RolloutRole:
                 self._llm.collective_rpc(repack_tied_lm_head)
             self._llm.reset_prefix_cache()
             self.version = version
-            # no KV cache from the old weights: every live response is prefilled again
-            self._requests.resume(self._requests.set_aside())
+            # no KV cache from the old weights: every live response is prefilled again, and no
+            # image features from the old vision tower: their images are encoded again
+            aside = self._requests.set_aside()
+            self._engine.reset_encoder_cache()
+            self._requests.resume(aside)
         return time.perf_counter() - t0
 
     set_weights = update_weights  # the name every role's weight refresh has (worker.host)
 
     def validate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, images: list[tuple[bytes, ...]] | None = None) -> dict:
         """One response per prompt with the current weights, outside the training requests.
 
         The training requests in flight are set aside (aborted, their progress kept) while the
         validation requests run to completion, then re-submitted as after a weight update, so
-        their tokens and versions are unaffected.  Greedy at ``temperature=0``.
+        their tokens and versions are unaffected.  Greedy at ``temperature=0``.  ``images``:
+        each prompt's images (one placeholder token per image in its ids), if any.
         """
         from vllm import SamplingParams  # lazy: loaded in __init__, after apply_vllm_env
 
@@ -237,7 +251,7 @@ class RolloutRole:
             for i, (rid, prompt) in enumerate(zip(ids, prompts, strict=True)):
                 sp = SamplingParams(max_tokens=max_new_tokens, temperature=temperature,
                                     seed=None if temperature == 0 else seed + i)
-                self._engine.add_request(rid, {"prompt_token_ids": list(prompt)}, sp)
+                self._engine.add_request(rid, engine_prompt(list(prompt), images[i] if images else ()), sp)
             out: dict[str, list[int]] = {}
             reasons: dict[str, str | None] = {}
             while len(out) < len(ids):

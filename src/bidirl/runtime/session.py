@@ -62,8 +62,8 @@ from pathlib import Path
 
 from bidirl.algo.data import PromptCursor
 from bidirl.controller.queue import GenerationCapError
+from bidirl.engines.hf_io import is_vision_language
 from bidirl.engines.trainer_config import NonFiniteStepError
-from bidirl.models.tiny import load_tokenizer
 from bidirl.obs.accounting import clip_intervals
 from bidirl.obs.metrics import truncate_metrics
 from bidirl.obs.samples_log import truncate_samples
@@ -80,15 +80,14 @@ from bidirl.runtime.launch import node_lost, start_executor, worker_settings
 from bidirl.runtime.placement import check_machine_fits, place
 from bidirl.runtime.prepare import (
     PromptLengths,
-    PromptStream,
     check_model_shape,
     fit_prompts,
     prepare_data,
     prepare_model,
     prepare_val_rows,
     response_cap,
-    val_set,
 )
+from bidirl.runtime.prompt_stream import PromptStream, load_prompt_encoder, val_set
 from bidirl.runtime.reporting import StepReporter
 from bidirl.runtime.run_dir import LEDGER, truncate_ledger
 from bidirl.runtime.run_spec import build_spec
@@ -168,7 +167,7 @@ class TrainSession:
         # device workers start only once the data has passed (fit_prompts), as before.
         with ray_session_started(self.ray_address, num_cpus=cfg.cluster.rollout_devices + cfg.cluster.train_devices,
                                  log_level=cfg.run.worker_log_level) as ray_start:
-            tok = load_tokenizer(model_dir)
+            tok = load_prompt_encoder(model_dir, [*rows, *val_rows])  # the processor where rows hold images
             rows, fit = fit_prompts(cfg, rows, tok, model_dir, val_rows)  # before any worker
             vs = val_set(cfg, fit, tok)
             cursor = PromptCursor(rows, seed=cfg.data.seed)
@@ -199,7 +198,7 @@ class TrainSession:
         policy = make_policy(cfg.scheduler.policy)  # the one policy: what is prewarmed, and what schedules
         placement = place(cfg)  # which node each device lives on (one node: all of them)
         spec = build_spec(cfg, cfg.run.steps - self.start_step, fit.mean, placement.per_node)
-        rollout_kwargs, trainer_config = worker_settings(cfg, model_dir, fit.max_model_len)
+        rollout_kwargs, trainer_config = worker_settings(cfg, model_dir, fit.max_model_len, fit.max_images)
         job = Job(stream.store, stream.new_group, reward_fn, stream.decode, rollout_kwargs,
                   trainer_kwargs={"model_dir": model_dir, "config": trainer_config},
                   ids=self.group_ids, version_offset=self.start_step,
@@ -288,8 +287,9 @@ class TrainSession:
         src = publish_model(self.run_dir)
         if src is None:
             return None
+        auto = "AutoModelForImageTextToText" if is_vision_language(self.run_dir / "model") else "AutoModelForCausalLM"
         print(f"[bidirl] model directory: {self.run_dir / 'model'} (checkpoint {src.parent.name}); "
-              "load it with AutoModelForCausalLM.from_pretrained or vllm.LLM", file=sys.stderr)
+              f"load it with {auto}.from_pretrained or vllm.LLM", file=sys.stderr)
         return str(self.run_dir / "model")
 
     def _stop_record(self, failed) -> dict:

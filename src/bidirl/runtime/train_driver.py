@@ -131,8 +131,11 @@ class TrainDriver:
             stale.append(staleness_at_training(step, v_first if v_first is not None else step))
             for i in range(rec.n):
                 r = rec.done[i]
-                samples.append({"prompt_ids": rec.prompt_ids, "response_ids": r.token_ids,
-                                "behaviour_logprobs": r.logprobs, "advantage": float(adv[i])})
+                sample = {"prompt_ids": rec.trained_prompt_ids, "response_ids": r.token_ids,
+                          "behaviour_logprobs": r.logprobs, "advantage": float(adv[i])}
+                if rec.images:  # the trainer runs the model's image processor on them
+                    sample["images"] = rec.images
+                samples.append(sample)
         sizes = [mb.samples for mb in a.micro_batches]
         if sum(sizes) != len(samples):
             raise RuntimeError(f"step {a.step}: micro-batches cover {sum(sizes)} samples, batch has {len(samples)}")

@@ -27,8 +27,9 @@ class TrainerRole:
         """``config`` is ``trainer_wire(...)``'s dict; ``threads`` is the worker's own setting."""
         cfg, algorithm, device, seed = from_wire(config or {}, threads)
         self.trainer = TorchTrainer(model_dir, cfg, process_group=process_group, device=device, seed=seed,
-                                    algorithm=algorithm)
-        require_finite(self.trainer.params, f"model {model_dir}")  # NaN in: every step would be skipped
+                                    algorithm=algorithm,
+                                    freeze_vision_tower=bool((config or {}).get("freeze_vision_tower", False)))
+        require_finite(self.trainer.weights, f"model {model_dir}")  # NaN in: every step would be skipped
         if weights is not None:
             self.trainer.set_weights_numpy(weights, version)
 
@@ -93,7 +94,7 @@ class TrainerRole:
     def load(self, ckpt_dir: str) -> int:
         """Read what :meth:`save` wrote (or a checkpoint of the older layout, weights in ``trainer/``)."""
         self.trainer.load_checkpoint(*checkpoint_dirs(ckpt_dir))
-        require_finite(self.trainer.params, f"checkpoint {ckpt_dir}")  # NaN in: every step would be skipped
+        require_finite(self.trainer.weights, f"checkpoint {ckpt_dir}")  # NaN in: every step would be skipped
         return self.trainer.version
 
     def sleep(self) -> None:

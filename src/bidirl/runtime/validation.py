@@ -48,6 +48,8 @@ class ValSet:
     max_new_tokens: int
     temperature: float = 0.0
     seed: int = 0
+    images: list[tuple[bytes, ...]] | None = None
+    """Each prompt's images (their placeholders in ``prompt_ids`` unexpanded); None: text only."""
 
 
 @dataclass
@@ -146,7 +148,8 @@ class Validator:
         self.pending, self.in_flight = None, True
         vs = self.vs
         ex.calls.issue(ex.unit_device(self.UNIT), self._done, ("rollout", "validate"), "call", "rollout",
-                       "validate", vs.prompt_ids, vs.max_new_tokens, vs.temperature, vs.seed, on_lost=self._lost)
+                       "validate", vs.prompt_ids, vs.max_new_tokens, vs.temperature, vs.seed, vs.images,
+                       on_lost=self._lost)
 
     def _done(self, out: dict) -> None:
         self.in_flight = False
@@ -177,6 +180,6 @@ class Validator:
             ex.rollout.version[self.UNIT] = version
         vs = self.vs
         out = ex.call_now(dev, "call", "rollout", "validate", vs.prompt_ids, vs.max_new_tokens, vs.temperature,
-                          vs.seed)
+                          vs.seed, vs.images)
         ex.clock.set((dev,), ex.now(), Activity.IDLE, "rollout", "run finished")
         self._deliver(out)
