@@ -86,7 +86,7 @@ def test_dynamic_sampling_judges_the_metric_it_is_given():
     is read as it is; a key the function never returns is a one-line error naming the metric."""
     from bidirl.algo.algorithm_config import OverlongBuffer
     from bidirl.algo.dynamic_sampling import zero_spread
-    from bidirl.runtime.group_store import BadRewardError
+    from bidirl.runtime.reward_call import BadRewardError
 
     def scored(reward_fn):
         store = GroupStore(n=2, max_new_tokens=8, temperature=1.0, seed=0,

@@ -15,9 +15,9 @@ import pytest
 
 from bidirl.algo.data import load_reward_fn
 from bidirl.obs.progress import format_progress
-from bidirl.runtime.group_store import BadRewardError, GroupStore, RewardFn
+from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.messages import ResponseResult
-from bidirl.runtime.reward_call import RewardGuard, RewardTimeout, slow_calls
+from bidirl.runtime.reward_call import BadRewardError, RewardFn, RewardGuard, RewardTimeout, slow_calls
 
 HEADER = "import signal, sys, time\n\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
 

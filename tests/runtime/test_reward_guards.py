@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from bidirl.algo.grpo import group_advantages_lists
-from bidirl.runtime.group_store import BadRewardError, GroupStore, RewardFn
+from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.messages import ResponseResult
+from bidirl.runtime.reward_call import BadRewardError, RewardFn
 
 NAN, INF = float("nan"), float("inf")
 
@@ -160,14 +161,14 @@ def test_cli_unwraps_a_worker_error_to_its_one_line_message(capsys, monkeypatch)
 
 
 def test_an_int_beyond_any_float_is_described_not_crashed_on():
-    from bidirl.runtime.group_store import describe_bad_reward, reward_value
+    from bidirl.runtime.reward_call import describe_bad_reward, reward_value
 
     assert reward_value(10**400) is None
     assert "not a finite number" in describe_bad_reward(10**400)
 
 
 def test_a_dict_reward_keeps_its_extra_numbers():
-    from bidirl.runtime.group_store import reward_extras
+    from bidirl.runtime.reward_call import reward_extras
 
     assert reward_extras({"score": 1.0, "acc": True, "pred": "7", "len": 3, "bad": float("nan")}) == {
         "acc": 1.0, "len": 3.0}

@@ -19,8 +19,8 @@ from bidirl.obs.metrics import read_metrics
 from bidirl.obs.samples_log import read_samples, truncate_samples
 from bidirl.runtime.boundary import StepBoundary
 from bidirl.runtime.config import load_config
-from bidirl.runtime.group_store import BadRewardError, RewardFn
 from bidirl.runtime.reporting import StepReporter
+from bidirl.runtime.reward_call import BadRewardError, RewardFn
 from bidirl.runtime.stops import StopSignals
 from bidirl.runtime.validation import Validator, ValSet, score_validation
 

@@ -36,121 +36,22 @@ whose first step has no good reward at all stops (``score_step``): it would trai
 from __future__ import annotations
 
 import base64
-import math
-import numbers
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from bidirl.algo.algorithm_config import OverlongBuffer
-from bidirl.algo.data import DataError
 from bidirl.algo.reward_shaping import overlong_penalty
 from bidirl.runtime.messages import ResponseRequest, ResponseResult
-from bidirl.runtime.reward_call import DEFAULT_REWARD_TIMEOUT_S, RewardGuard, RewardTimeout
-
-OnBadReward = Literal["error", "zero"]
-
-
-class BadRewardError(DataError):
-    """The reward function raised, or returned something that is not a finite number."""
-
-
-def reward_value(value: Any) -> float | None:
-    """The reward as a finite float, or None when ``value`` is not one.
-
-    Numbers (bool and int included; numpy scalars and 0-d arrays or tensors too) and
-    ``{"score": number, ...}`` dicts (veRL's richer return) are rewards; NaN, inf, numbers
-    beyond float32's range (advantages are float32) and everything else are not.
-    """
-    if isinstance(value, dict) and "score" in value:
-        value = value["score"]
-    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
-        value = value.item()  # np.float32(1), np.bool_(True), torch.tensor(1.0)
-    if isinstance(value, numbers.Real):
-        try:
-            x = float(value)
-        except (TypeError, ValueError, OverflowError):
-            return None
-        return x if math.isfinite(x) and abs(x) <= _FLOAT32_MAX else None
-    return None
-
-
-_FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _one_line(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def describe_bad_reward(raw: Any) -> str:
-    """What was wrong, in a few words: ``returned nan`` / ``raised KeyError: 'x'`` /
-    ``did not return within 30 s (data.reward_timeout_s=30; ...)``."""
-    if isinstance(raw, RewardTimeout):
-        return str(raw)
-    if isinstance(raw, BaseException):
-        return f"raised {type(raw).__name__}: {_one_line(str(raw), 160)}"
-    if isinstance(raw, dict):
-        kind = "a dict whose 'score' is not a finite number" if "score" in raw else "a dict without a 'score'"
-    elif isinstance(raw, numbers.Real):
-        try:
-            finite = math.isfinite(float(raw))
-        except OverflowError:  # an int beyond any float, e.g. 10**400
-            finite = False
-        kind = "not a finite float32 number" if finite else "not a finite number"
-    else:
-        kind = f"a {type(raw).__name__}, not a number"
-    return f"returned {_one_line(repr(raw), 80)} ({kind})"
-
-
-def reward_extras(raw: Any) -> dict[str, float]:
-    """The finite numbers of a dict reward besides ``"score"`` (veRL's extra keys, e.g. ``acc``);
-    logged as ``reward/extra/<key>`` means.  Anything else in the dict is ignored."""
-    if not isinstance(raw, dict):
-        return {}
-    out = {}
-    for k, v in raw.items():
-        if k == "score":
-            continue
-        x = reward_value(v)
-        if x is not None:
-            out[str(k)] = x
-    return out
-
-
-_PLAIN_GUARD = RewardGuard()  # for a bare function (tests): the default time limit
-
-
-def call_reward(reward_fn: Callable, data_source: str, solution_str: str, ground_truth: Any,
-                extra_info: dict) -> tuple[float | None, Any]:
-    """(reward or None, what the function returned, or raised, or a ``RewardTimeout``), called
-    under the function's guard (a :class:`RewardFn`'s, else a default one)."""
-    guard = getattr(reward_fn, "guard", None) or _PLAIN_GUARD
-    returned, raw = guard.call(reward_fn, data_source, solution_str, ground_truth, extra_info)
-    return (reward_value(raw) if returned else None), raw
-
-
-@dataclass
-class RewardFn:
-    """The run's reward function with the choice for bad rewards (``data.on_bad_reward``) and
-    its guard (``data.reward_timeout_s``; ``guard.stats`` counts slow and timed-out calls).
-
-    ``GroupStore.score`` reads ``on_bad_reward`` from it, so the choice travels with the
-    function wherever the runtime passes it.
-    """
-
-    fn: Callable[..., Any]
-    on_bad_reward: OnBadReward = "error"
-    name: str = "compute_score"
-    timeout_s: float = DEFAULT_REWARD_TIMEOUT_S
-    guard: RewardGuard = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self.guard = RewardGuard(self.timeout_s, self.name)
-
-    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None):
-        return self.fn(data_source, solution_str, ground_truth, extra_info)
+from bidirl.runtime.reward_call import (
+    BadRewardError,
+    OnBadReward,
+    RewardTimeout,
+    call_reward,
+    describe_bad_reward,
+    one_line,
+    reward_extras,
+)
 
 
 @dataclass
@@ -287,7 +188,7 @@ class GroupStore:
                 if value is None:
                     problem = describe_bad_reward(raw)
                     where = (f"group {group_id} (prompt uid {rec.prompt_uid}, data_source {rec.data_source!r}) "
-                             f"response {i} {_one_line(repr(text), 80)}")
+                             f"response {i} {one_line(repr(text), 80)}")
                     name = getattr(reward_fn, "name", None) or getattr(reward_fn, "__name__", "reward function")
                     if policy != "zero":
                         fix = ("make it faster, raise data.reward_timeout_s" if isinstance(raw, RewardTimeout)

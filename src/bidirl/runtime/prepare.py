@@ -29,8 +29,8 @@ from bidirl.models.tiny_vl import build_tiny_vl_model
 from bidirl.models.warm_start import warm_start
 from bidirl.models.warm_start_vl import warm_start_vl
 from bidirl.runtime.config import ConfigError, TrainConfig
-from bidirl.runtime.group_store import BadRewardError, RewardFn, call_reward, describe_bad_reward
 from bidirl.runtime.model_check import check_model_dir, cpu_head_sizes
+from bidirl.runtime.reward_call import BadRewardError, RewardFn, call_reward, describe_bad_reward
 from bidirl.runtime.validation import BUILTIN_VAL_ROWS
 
 MODELS_CACHE = Path(os.environ.get("BIDIRL_CACHE", Path.home() / ".cache" / "bidirl")) / "models"

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bidirl.core.timeline import Activity
-from bidirl.runtime.group_store import BadRewardError, call_reward, describe_bad_reward, reward_extras
+from bidirl.runtime.reward_call import BadRewardError, call_reward, describe_bad_reward, reward_extras
 
 BUILTIN_VAL_ROWS = 64  # a built-in task's validation prompts when data.val_max_samples is -1
 
