@@ -73,3 +73,13 @@ def test_data_task_selects_it_and_its_images_reach_the_checks():
     assert len(rows) == 4096 and all(isinstance(r, ImagePromptRow) for r in rows)
     val = prepare_val_rows(cfg)
     assert len(val) == 64 and all(isinstance(r, ImagePromptRow) for r in val)
+
+
+def test_the_visual_task_keeps_the_warm_start_count_of_a_task():
+    """``model.warm_start_steps`` null means the task's own count: the visual task's is a
+    number (its picture drawer is a field of its own, not the count's slot)."""
+    from bidirl.algo.tasks import get_task
+
+    task = get_task("shapes")
+    assert isinstance(task.warm_start_steps, int) and task.warm_start_steps == 40
+    assert callable(task.example)

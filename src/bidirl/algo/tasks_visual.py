@@ -154,4 +154,4 @@ class VisualTask(Task):
             }
 
 
-SHAPES = register_task(VisualTask("shapes", _no_text_pair, boxed_score, shapes_example))
+SHAPES = register_task(VisualTask("shapes", _no_text_pair, boxed_score, example=shapes_example))

@@ -63,11 +63,16 @@ def _prepare_tiny_vl(cfg: TrainConfig) -> str:
     base = MODELS_CACHE / f"tiny-vl-L{cfg.model.tiny_layers}-H{cfg.model.tiny_hidden}"
     build_tiny_vl_model(base, layers=cfg.model.tiny_layers, hidden=cfg.model.tiny_hidden)
     task = cfg.data.task if not cfg.data.files else None
-    if cfg.model.warm_start_steps <= 0 or task is None or task_lib.get_task(task).name != "shapes":
+    if task is None or task_lib.get_task(task).name != "shapes":
         return str(base)
-    out = MODELS_CACHE / f"{base.name}-sft-{task}-{cfg.model.warm_start_steps}"
-    print(f"[bidirl] warm start: {cfg.model.warm_start_steps} SFT steps on {task} (images) -> {out}", file=sys.stderr)
-    warm_start_vl(base, out, task=task, steps=cfg.model.warm_start_steps, seed=cfg.run.seed)
+    steps = cfg.model.warm_start_steps
+    if steps is None:  # the task's own
+        steps = task_lib.get_task(task).warm_start_steps
+    if steps <= 0:
+        return str(base)
+    out = MODELS_CACHE / f"{base.name}-sft-{task}-{steps}"
+    print(f"[bidirl] warm start: {steps} SFT steps on {task} (images) -> {out}", file=sys.stderr)
+    warm_start_vl(base, out, task=task, steps=steps, seed=cfg.run.seed)
     return str(out)
 
 
