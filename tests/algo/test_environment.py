@@ -234,3 +234,28 @@ def test_episodes_run_side_by_side_on_one_loop():
 
     assert [t.outcome for t in asyncio.run(both())] == ["done", "done"]
     assert set(OUTCOMES) == {"done", "max_turns", "max_length", "env_error", "env_timeout"}
+
+
+def test_close_is_not_sent_to_a_thread_still_busy_after_a_timeout():
+    env = Countdown(n=5, sleep_at=1)
+    traj = run_episode(env, ROW, echo, words, EpisodeLimits(turn_timeout_s=0.05))
+    assert traj.outcome == "env_timeout" and not env.closed
+
+
+def test_the_docs_examples_load_and_run(tmp_path):
+    """docs/environments.md's two example files, as a user would save them."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", doc, re.DOTALL) if "class Environment" in b]
+    assert len(blocks) == 2
+    row = {"prompt": [{"role": "user", "content": "what is k7?"}], "data_source": "d",
+           "reward_model": {"ground_truth": "4021"}, "extra_info": {}}
+    replies = {0: ["1", "4021"], 1: ['<tool_call>{"name": "lookup", "arguments": {"key": "k7"}}</tool_call>', "4021"]}
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"example_{i}.py"
+        path.write_text(block)
+        script = iter(replies[i])
+        traj = run_episode(load_environment(path, "Environment")(), row, lambda m, s=script: next(s), words)
+        assert (traj.outcome, traj.reward, traj.model_turns) == ("done", 1.0, 2)

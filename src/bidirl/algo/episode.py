@@ -95,10 +95,12 @@ class EnvThread:
 
     ``call(fn, *args)`` is awaited from the caller's loop; ``fn`` runs on this thread (awaited
     there when it returns an awaitable, so ``async def`` methods work), and the caller stops
-    waiting after ``timeout_s``.  After a timeout the thread is abandoned (:meth:`abandon`).
+    waiting after ``timeout_s``.  After a timeout the thread is abandoned (:meth:`abandon`)
+    and ``timed_out`` is set: its loop may still be blocked, so nothing more is sent to it.
     """
 
     def __init__(self) -> None:
+        self.timed_out = False
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="bidirl-env", daemon=True)
         self._thread.start()
@@ -119,6 +121,7 @@ class EnvThread:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except TimeoutError:
+            self.timed_out = True
             future.cancel()  # an awaiting coroutine stops; blocking code runs on, abandoned
             raise EnvTimeout(f"did not return within {timeout_s:g} s (env.turn_timeout_s; the call was "
                              "abandoned)") from None
@@ -158,7 +161,8 @@ async def run_episode_async(env: Any, row: dict, generate: Callable[[list[dict]]
 
     ``generate(messages)`` returns the model's text, or an awaitable of it; ``count_tokens(text)``
     is the tokenizer's length of one turn's text.  ``env`` is an instance (a fresh one per
-    episode); its optional ``close()`` is called at the end, guarded alike.
+    episode); its optional ``close()`` is called at the end, guarded alike (not after a
+    timeout: the environment's thread may still be busy with the abandoned call).
     """
     traj = Trajectory()
     worker = EnvThread()
@@ -217,7 +221,7 @@ async def run_episode_async(env: Any, row: dict, generate: Callable[[list[dict]]
 
 async def _close(env: Any, worker: EnvThread, timeout_s: float) -> None:
     close = getattr(env, "close", None)
-    if callable(close):
+    if callable(close) and not worker.timed_out:  # after a timeout its thread may still be blocked
         try:
             await worker.call(close, timeout_s=timeout_s)
         except Exception:  # noqa: BLE001, S110 - the trajectory has its outcome; a failing close changes nothing
