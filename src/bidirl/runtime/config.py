@@ -144,6 +144,22 @@ class ClusterConfig:
 
 
 @dataclass
+class EnvConfig:
+    path: str | None = option(None, "a .py file defining a multi-turn environment class (docs/environments.md); "
+                              "null: single-turn rollouts (not wired into the runtime yet: a set path is refused "
+                              "at start-up)")
+    name: str = option("Environment", "the environment class's name in path: reset(self, row) -> messages, "
+                       "step(self, text) -> (messages, reward, done), plain or async def")
+    max_turns: int = option(4, "model turns per trajectory; one not done by then ends as max_turns", ge=1)
+    max_total_tokens: int = option(1024, "tokens of a whole trajectory (prompt, model and environment turns); "
+                                   "one past it ends as max_length", ge=1)
+    turn_timeout_s: float = option(30.0, "seconds one environment call (reset or step) may take; one over it is "
+                                   "abandoned and ends its trajectory as env_timeout", gt=0)
+    tool_latency_s: float = option(0.0, "the built-in tool tasks' wait per tool call or feedback turn (kv_lookup, "
+                                   "guess_number: a real tool's latency, modelled)", ge=0)
+
+
+@dataclass
 class RunConfig:
     steps: int = option(500, "optimizer steps", ge=1, resume_safe=True)
     seed: int = option(0, "seed of the trainer and the engines", ge=0, le=2**32 - 1)
@@ -182,6 +198,7 @@ class TrainConfig:
                                          "(docs/algorithm.md)")
     scheduler: SchedulerConfig = section(SchedulerConfig, "the scheduling policy")
     cluster: ClusterConfig = section(ClusterConfig, "devices and pools", resume_safe=True)
+    env: EnvConfig = section(EnvConfig, "multi-turn environments and tools (docs/environments.md)")
     run: RunConfig = section(RunConfig, "length, output and checkpoints")
 
     def to_dict(self) -> dict[str, Any]:
@@ -262,6 +279,9 @@ def _check(c: TrainConfig) -> TrainConfig:
         need(Path(c.data.reward_fn).is_file(), "data.reward_fn", "an existing .py file",
              c.data.reward_fn)
         need(c.data.reward_fn.endswith(".py"), "data.reward_fn", "a python file (.py)", c.data.reward_fn)
+    if c.env.path is not None:
+        need(Path(c.env.path).is_file(), "env.path", "an existing .py file", c.env.path)
+        need(c.env.path.endswith(".py"), "env.path", "a python file (.py)", c.env.path)
     return c
 
 

@@ -2,7 +2,8 @@
 
 ``bidirl train`` calls these in order, and each fails in seconds on a bad input rather than
 after the whole start-up: ``check_model_shape`` (a model vLLM cannot run on the device),
-``prepare_data`` (the prompt rows and the reward function, tried once), ``prepare_val_rows``,
+``prepare_data`` (the prompt rows and the reward function, tried once; a multi-turn
+``env.path`` refused, ``refuse_environment``), ``prepare_val_rows``,
 ``prepare_model`` (the user's model directory, or bidirl's tiny model plus a warm start),
 then ``fit_prompts`` (every prompt measured with the run's tokenizer, or processor when
 rows hold images: vLLM's ``max_model_len``, over-long prompts dropped or refused).
@@ -22,6 +23,7 @@ from pathlib import Path
 from bidirl.algo import tasks as task_lib
 from bidirl.algo import tasks_visual  # noqa: F401  (registers the visual task "shapes" with task_lib)
 from bidirl.algo.data import DataError, load_reward_fn, validate_row
+from bidirl.algo.environment import load_environment
 from bidirl.algo.multimodal import image_prompt_lengths, load_prompt_rows, validate_image_row
 from bidirl.engines.hf_io import is_vision_language
 from bidirl.models.tiny import build_tiny_model, encode_prompt
@@ -82,6 +84,7 @@ def prepare_data(cfg: TrainConfig):
     The reward comes as a ``RewardFn`` carrying ``data.on_bad_reward`` (which
     ``GroupStore.score`` applies) and has been tried once on the first row.
     """
+    refuse_environment(cfg)
     if cfg.data.files:
         rows = load_files(cfg, cfg.data.files, "data")
     else:
@@ -101,6 +104,18 @@ def prepare_data(cfg: TrainConfig):
     if rows:
         check_reward_fn(reward_fn, rows[0])
     return rows, reward_fn
+
+
+def refuse_environment(cfg: TrainConfig) -> None:
+    """``env.path`` set: the user's class is loaded and checked (``algo/environment.py``, its
+    errors one line each), then the run is refused in one line, honestly: multi-turn rollouts
+    (``algo/episode.py``) are not wired into the rollout role and driver yet."""
+    if cfg.env.path is None:
+        return
+    load_environment(cfg.env.path, cfg.env.name)
+    raise ConfigError(f"env.path: {cfg.env.path} ({cfg.env.name}) loads and passes its checks, but multi-turn "
+                      "rollouts are not wired into the runtime yet (docs/environments.md, what runs today); unset "
+                      "env.path to train single-turn")
 
 
 def load_files(cfg: TrainConfig, files, what: str) -> list:
