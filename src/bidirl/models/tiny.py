@@ -121,7 +121,7 @@ def build_tiny_model(out_dir: str | Path, layers: int = 2, hidden: int = 128, he
     """
     out_dir = Path(out_dir)
     spec = _spec(layers, hidden, heads, kv_heads, seed, max_len)
-    if _matches(out_dir, spec):
+    if built_as(out_dir, spec):
         return out_dir
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
@@ -145,8 +145,9 @@ def build_tiny_model(out_dir: str | Path, layers: int = 2, hidden: int = 128, he
     return out_dir
 
 
-def _matches(out_dir: Path, spec: dict) -> bool:
-    marker = out_dir / _MARKER
+def built_as(out_dir: Path, spec: dict, marker_name: str = _MARKER) -> bool:
+    """Whether ``out_dir`` holds weights built from ``spec`` (its marker file says so)."""
+    marker = out_dir / marker_name
     if not (marker.is_file() and (out_dir / "model.safetensors").is_file()):
         return False
     try:

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from bidirl.engines.hf_io import quiet_hf_progress_bars
-from bidirl.models.tiny import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, VOCAB_SIZE, char_vocab, replace_dir
+from bidirl.models.tiny import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, VOCAB_SIZE, built_as, char_vocab, replace_dir
 
 IMAGE_TOKEN = "<image>"
 FAKE_IMAGE_TOKEN = "<fake_token_around_image>"
@@ -139,7 +139,7 @@ def build_tiny_vl_model(out_dir: str | Path, layers: int = 2, hidden: int = 128,
                  vision_layers=vision_layers, vision_heads=vision_heads, image_size=image_size,
                  patch_size=patch_size, scale_factor=scale_factor, max_len=max_len)
     spec = _spec(seed=seed, **shape)
-    if _matches(out_dir, spec):
+    if built_as(out_dir, spec, _MARKER):
         return out_dir
     import torch
     from transformers import GenerationConfig, Idefics3ForConditionalGeneration
@@ -179,13 +179,3 @@ def _edit_json(path: Path, edit) -> None:
     cfg = json.loads(path.read_text())
     edit(cfg)
     path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
-
-
-def _matches(out_dir: Path, spec: dict) -> bool:
-    marker = out_dir / _MARKER
-    if not (marker.is_file() and (out_dir / "model.safetensors").is_file()):
-        return False
-    try:
-        return json.loads(marker.read_text()) == spec
-    except (OSError, json.JSONDecodeError):
-        return False

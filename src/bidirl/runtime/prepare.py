@@ -48,15 +48,19 @@ def prepare_model(cfg: TrainConfig) -> str:
     base = MODELS_CACHE / f"tiny-L{cfg.model.tiny_layers}-H{cfg.model.tiny_hidden}"
     build_tiny_model(base, layers=cfg.model.tiny_layers, hidden=cfg.model.tiny_hidden)
     tasks = (cfg.data.task,) if cfg.data.task and not cfg.data.files else ("copy",)
-    steps = cfg.model.warm_start_steps
-    if steps is None:  # the task's own: a binary-reward task needs a longer one
-        steps = task_lib.get_task(tasks[0]).warm_start_steps
+    steps = _warm_start_steps(cfg, tasks[0])
     if steps <= 0:
         return str(base)
     out = MODELS_CACHE / f"{base.name}-sft-{'-'.join(tasks)}-{steps}"
     print(f"[bidirl] warm start: {steps} SFT steps on {tasks} -> {out}", file=sys.stderr)
     warm_start(base, out, tasks=tasks, steps=steps, seed=cfg.run.seed)
     return str(out)
+
+
+def _warm_start_steps(cfg: TrainConfig, task: str) -> int:
+    """``model.warm_start_steps``, or when null the task's own (a binary-reward task needs more)."""
+    steps = cfg.model.warm_start_steps
+    return task_lib.get_task(task).warm_start_steps if steps is None else steps
 
 
 def _prepare_tiny_vl(cfg: TrainConfig) -> str:
@@ -67,9 +71,7 @@ def _prepare_tiny_vl(cfg: TrainConfig) -> str:
     task = cfg.data.task if not cfg.data.files else None
     if task is None or task_lib.get_task(task).name != "shapes":
         return str(base)
-    steps = cfg.model.warm_start_steps
-    if steps is None:  # the task's own
-        steps = task_lib.get_task(task).warm_start_steps
+    steps = _warm_start_steps(cfg, task)
     if steps <= 0:
         return str(base)
     out = MODELS_CACHE / f"{base.name}-sft-{task}-{steps}"
