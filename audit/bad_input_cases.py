@@ -153,10 +153,49 @@ def _jsonl(path: Path, rows: list) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _image_fixtures(f: Path) -> None:
+    """veRL-layout image rows (issue 40), each wrong in one way; images as paths beside them."""
+    import io
+
+    from PIL import Image
+
+    def png(size: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (size, size), "red").save(buf, format="PNG")
+        return buf.getvalue()
+
+    (f / "images").mkdir(exist_ok=True)
+    (f / "images" / "ok.png").write_bytes(png(32))
+    (f / "images" / "big.png").write_bytes(png(200))
+    (f / "images" / "not_an_image.png").write_text("this is text, not a PNG\n")
+    row = {"prompt": [{"role": "user", "content": "<image>What colour is the largest shape?"}],
+           "images": [{"path": "images/ok.png"}], "data_source": "shapes", "reward_model": {"ground_truth": "red"}}
+    _jsonl(f / "img_ok.jsonl", [row] * 4)
+    _jsonl(f / "img_undecodable.jsonl", [row, {**row, "images": [{"path": "images/not_an_image.png"}]}])
+    _jsonl(f / "img_missing.jsonl", [row, row, {**row, "images": [{"path": "images/nope.png"}]}])
+    _jsonl(f / "img_two_placeholders.jsonl", [{**row, "prompt": [{"role": "user", "content": "<image><image>Which?"}]}])
+    _jsonl(f / "img_big.jsonl", [row, {**row, "images": [{"path": "images/big.png"}]}])
+
+
+ENVIRONMENTS = {  # issue 42: a user's environment file, each wrong in one way (docs/environments.md)
+    "env_ok.py": "class Environment:\n    def reset(self, row):\n        return list(row['prompt'])\n"
+                 "    def step(self, text):\n        return [], 1.0, True\n",
+    "env_no_step.py": "class Environment:\n    def reset(self, row):\n        return list(row['prompt'])\n",
+    "env_raises_at_import.py": "raise RuntimeError('boom at import')\n",
+    "env_step_raises.py": "class Environment:\n    def reset(self, row):\n        return list(row['prompt'])\n"
+                          "    def step(self, text):\n        raise KeyError('tool crashed')\n",
+    "env_step_hangs.py": "import time\nclass Environment:\n    def reset(self, row):\n"
+                         "        return list(row['prompt'])\n"
+                         "    def step(self, text):\n        time.sleep(30)\n        return [], 1.0, True\n",
+    "env_step_malformed.py": "class Environment:\n    def reset(self, row):\n        return list(row['prompt'])\n"
+                             "    def step(self, text):\n        return 'not a tuple'\n",
+}
+
+
 def make_fixtures(f: Path) -> None:
-    """Every shared input file: reward files, scenarios, configs, data files."""
+    """Every shared input file: reward files, environments, scenarios, configs, data files."""
     f.mkdir(parents=True, exist_ok=True)
-    for name, text in {**REWARDS}.items():
+    for name, text in {**REWARDS, **ENVIRONMENTS}.items():
         (f / name).write_text(text)
     (f / "scenarios").mkdir(exist_ok=True)
     for name, text in SCENARIOS.items():
@@ -180,6 +219,7 @@ def make_fixtures(f: Path) -> None:
     (f / "not_utf8.jsonl").write_bytes(good + b"\n" + good.replace(b"copy 12", b"copy \xff12") + b"\n")
     hooks.write_bert_model(f / "models" / "bert")
     hooks.write_vision_language_model(f / "models" / "vision_language")
+    _image_fixtures(f)
     (f / "blank_line.jsonl").write_text(json.dumps(_ROW) + "\n\n" + json.dumps(_ROW) + "\n")
     (f / "rows.txt").write_text("copy 12\n")
     (f / "garbage.parquet").write_bytes(b"PAR1 this is not parquet at all")
@@ -288,6 +328,19 @@ def _filtered(d: Path, stderr: str) -> str | None:
     if "2 over data.max_prompt_length=64 dropped" not in stderr:
         return "the dropped rows are not counted on stderr"
     return None if _summary(d).get("audit_ok") else "audit failed"
+
+
+def _ended_as(outcome: str) -> Callable[[Path, str], str | None]:
+    """A run whose every trajectory ended as ``outcome`` (``multi_turn/outcome/<outcome>`` 1 at
+    every step) and went on to finish, audited clean."""
+    def check(d: Path, stderr: str) -> str | None:
+        if not _summary(d).get("audit_ok"):
+            return "audit failed"
+        steps = [m for m in (json.loads(x) for x in (d / "run" / "metrics.jsonl").read_text().splitlines() if x)
+                 if "reward/mean" in m]
+        shares = [m.get(f"multi_turn/outcome/{outcome}") for m in steps]
+        return None if steps and all(x == 1.0 for x in shares) else f"trajectories not all {outcome}: {shares}"
+    return check
 
 
 def _trained_from_0(d: Path, stderr: str) -> str | None:
@@ -637,6 +690,29 @@ CASES: list[Case] = [
     Case("--resume, data file reordered, --allow-data-change", ("train", "--resume", "{d}/run",
                                                                  "--allow-data-change"),
          expect="ok", check=_data_change_recorded, setup=_data_reordered, area="resume"),
+    # --- issue 40: image rows (veRL's multimodal layout) on the tiny vision-language model
+    _train("image that is not an image", "model.kind=vl", "data.files={f}/img_undecodable.jsonl",
+           names="img_undecodable.jsonl: line 2: field 'images[0]'", probe=True, area="images"),
+    _train("image file missing", "model.kind=vl", "data.files={f}/img_missing.jsonl",
+           names="img_missing.jsonl: line 3: field 'images[0]'", probe=True, area="images"),
+    _train("two <image> placeholders, one image", "model.kind=vl", "data.files={f}/img_two_placeholders.jsonl",
+           names="holds 1 image(s) but the prompt has 2", probe=True, area="images"),
+    _train("image over data.max_image_pixels", "model.kind=vl", "data.files={f}/img_big.jsonl",
+           "data.max_image_pixels=10000", names="over data.max_image_pixels=10,000", probe=True, area="images"),
+    _train("data.max_image_pixels zero", "model.kind=vl", "data.files={f}/img_ok.jsonl", "data.max_image_pixels=0",
+           names="data.max_image_pixels", area="images"),
+    # --- issue 42: a user's multi-turn environment
+    _train("env.path missing", "env.path={d}/nope.py", names="env.path", area="environment"),
+    _train("env.name not in the file", "env.path={f}/env_ok.py", "env.name=Game",
+           names="no class named 'Game'", probe=True, area="environment"),
+    _train("environment without step", "env.path={f}/env_no_step.py", names="step", probe=True,
+           area="environment"),
+    _train("environment raises at import", "env.path={f}/env_raises_at_import.py", names="env_raises_at_import.py",
+           probe=True, area="environment"),
+    _train("environment and data.reward_fn", "env.path={f}/env_ok.py", "data.reward_fn={f}/other_name.py",
+           names="data.reward_fn", probe=True, area="environment"),
+    _train("environment with images", "env.path={f}/env_ok.py", "model.kind=vl", "data.task=shapes",
+           names="model.kind=vl", probe=True, area="environment"),
     # --- need a real run (--with-runs): workers start
     _train("NaN reward, on_bad_reward=error", *SMALL, "run.steps=2", "data.reward_fn={f}/nan_sometimes.py",
            names="data.on_bad_reward=zero", area="reward", run=True),
@@ -666,6 +742,13 @@ CASES: list[Case] = [
     _train("driver killed (kill -9) once workers are up, then another bidirl", *SMALL, "run.steps=50", names="",
            expect="ok", status=-9, during=hooks.kill_when_workers_up, check=hooks.next_command_cleans_up,
            area="exit", run=True),
+    # --- issue 42, with workers: an environment that raises, hangs or answers malformed ends its trajectory
+    _train("environment step raises", *SMALL, *RL_RUN, "env.path={f}/env_step_raises.py", names="", expect="ok",
+           check=_ended_as("env_error"), area="environment", run=True),
+    _train("environment step hangs, env.turn_timeout_s=1", *SMALL, *RL_RUN, "env.path={f}/env_step_hangs.py",
+           "env.turn_timeout_s=1", names="", expect="ok", check=_ended_as("env_timeout"), area="environment", run=True),
+    _train("environment step malformed", *SMALL, *RL_RUN, "env.path={f}/env_step_malformed.py", names="",
+           expect="ok", check=_ended_as("env_error"), area="environment", run=True),
 ]
 
 FAST = [
@@ -680,6 +763,8 @@ FAST = [
     "--run-dir is a file", "model.path a BERT model", "model.path a vision-language model",
     "reward sleeps 30 s, data.reward_timeout_s=1", "reward calls sys.exit(3)", "jsonl not UTF-8",
     "jsonl invalid JSON at line 31", "algorithm.adv_estimator another value", "--resume, data file reordered in place",
+    "image that is not an image", "two <image> placeholders, one image", "environment without step",
+    "environment and data.reward_fn",
 ]
 """The subset ``tests/test_bad_inputs.py`` runs: each fails before anything heavy is imported."""
 

@@ -69,6 +69,18 @@ WORKLOADS = {
         (f"data.reward_fn={ROOT / 'bench' / 'difficulty_reward.py'}", "algorithm.filter_groups.enable=true",
          "algorithm.filter_groups.max_num_gen_batches=10", "rollout.prompts_per_step=4",
          "rollout.max_new_tokens=128", "rollout.max_num_seqs=8", "trainer.micro_batch_size=16")),
+    "multimodal": Workload(
+        "image prompts (the shapes task: one 64 x 64 picture, 19 image tokens, a question) on the tiny "
+        "SmolVLM-shaped model from random weights, 4 prompts x 8 responses of <= 128 tokens, 4 at a time: "
+        "the vision tower runs in vLLM's prefill and in every trainer forward",
+        ("model.kind=vl", "data.task=shapes", "rollout.prompts_per_step=4", "rollout.max_new_tokens=128",
+         "rollout.max_num_seqs=4", "trainer.micro_batch_size=16")),
+    "multi-turn": Workload(
+        "guess_number (docs/environments.md): up to 8 model turns of <= 32 tokens, each answered higher/lower "
+        "after a 0.1 s wait (env.tool_latency_s: a tool's latency) on the tiny model from random weights, "
+        "4 prompts x 8 trajectories, 8 at a time; a trajectory waiting on its tool holds no slot",
+        ("data.task=guess_number", "env.tool_latency_s=0.1", "rollout.prompts_per_step=4",
+         "rollout.max_new_tokens=32", "rollout.max_num_seqs=8", "trainer.micro_batch_size=16")),
 }
 POLICIES = ("async", "bidirl")
 

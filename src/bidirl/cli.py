@@ -122,13 +122,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return _simulate_grid(args)
     sc = scn.load(args.scenario)
     if args.plan == "auto":
-        chosen = planner.plan(sc, steps=args.steps)  # predicted over the steps that run
-        chosen = confirm(sc, chosen, k=args.confirm, progress=_confirm_progress)
-        sc = planner.scenario_with_envelope(sc, chosen.envelope)
-        how = (f", best simulated of the planner's {len(chosen.confirmed)} closest"
-               if chosen.confirmed else "")
-        print(f"planner envelope: {chosen.envelope.label()} (predicted "
-              f"{chosen.predicted_tokens_per_s:,.0f} tokens/s{how})", file=sys.stderr)
+        sc = _planned(sc, args.policy, args.steps, args.confirm, _confirm_progress)
     # Only the trace and the plot need every device interval (about 680,000 at scale-1024,
     # which roughly doubles the run); the summary and --json use what the recorder tallies
     # as intervals close (pool seconds, busy fractions, the streaming trace sha256).
@@ -156,6 +150,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _planned(sc, policy: str, steps: int | None, k: int, progress=None):
+    """``sc`` on the envelope planned for ``policy`` (its borrowing and staleness) over
+    ``steps``, confirmed by simulating ``policy`` on up to ``k`` of the closest."""
+    chosen = confirm(sc, planner.plan(sc, steps=steps, policy=policy), k=k, progress=progress)
+    how = (f", best simulated of the planner's {len(chosen.confirmed)} closest"
+           if chosen.confirmed else "")
+    print(f"planner envelope: {chosen.envelope.label()} for {policy} (predicted "
+          f"{chosen.predicted_tokens_per_s:,.0f} tokens/s{how})", file=sys.stderr)
+    return planner.scenario_with_envelope(sc, chosen.envelope)
+
+
 def _simulate_grid(args: argparse.Namespace) -> int:
     if args.grid != "paper":
         raise UserError(f"--grid: unknown grid {args.grid!r}; allowed: paper")
@@ -165,7 +170,11 @@ def _simulate_grid(args: argparse.Namespace) -> int:
     bad = [p for p in policies if p not in known]
     if bad:
         raise UserError(f"--policies: unknown {bad}; allowed: {', '.join(known)}")
-    rows = grid.run_grid(scenarios, policies, progress=_progress)
+    run = simulate
+    if args.plan == "auto":  # each policy on its own plan (not the grid's shared half split)
+        def run(sc, policy, **kw):
+            return simulate(_planned(sc, policy, sc.steps, args.confirm), policy, **kw)
+    rows = grid.run_grid(scenarios, policies, simulate=run, progress=_progress)
     print(grid.format_table(rows, policies))
     summary = grid.summarize(rows)
     print(json.dumps(summary, indent=2))
@@ -189,7 +198,7 @@ def _confirm_progress(i: int, n: int, row: dict) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     _check_outputs(args, "--json")
     sc = scn.load(args.scenario)
-    result = confirm(sc, planner.plan(sc, top_k=args.top), k=args.confirm,
+    result = confirm(sc, planner.plan(sc, top_k=args.top, policy=args.policy), k=args.confirm,
                      progress=_confirm_progress)
     print(result.format() if hasattr(result, "format") else result)
     if args.json:
@@ -245,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "device interval: slower and larger in memory than a run without it)")
     s.add_argument("--plot", help="write a timeline PNG here (records every device interval)")
     s.add_argument("--plan", choices=("fixed", "auto"), default="fixed",
-                   help="auto: run on the planner's envelope instead of the scenario's split")
+                   help="auto: run on the envelope the planner picks for --policy (what it borrows, "
+                   "its staleness) instead of the scenario's split; with --grid, one plan per policy and scenario")
     s.add_argument("--confirm", type=_count(0), default=DEFAULT_K, metavar="K",
                    help="with --plan auto: simulate up to K of the envelopes the planner predicts within "
                    f"5%% of its best and run on the best simulated (default {DEFAULT_K}; 0 or 1: the "
@@ -264,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--confirm", type=_count(0), default=DEFAULT_K, metavar="K",
                     help="simulate up to K of the envelopes predicted within 5%% of the best and pick "
                     f"the best simulated (default {DEFAULT_K}; 0 or 1: the planner's prediction alone)")
+    pl.add_argument("--policy", default="bidirl", choices=policy_names(),
+                    help="the policy to plan for: what it borrows and the staleness it keeps (default bidirl)")
     pl.add_argument("--json")
     pl.set_defaults(func=cmd_plan)
 

@@ -14,7 +14,7 @@ from grpo_reference import grpo_loss as grpo_loss_before
 
 from bidirl.algo import advantages, aggregation, policy_loss, registry
 from bidirl.algo.aggregation import StepTotals, aggregate, merge_metrics
-from bidirl.algo.algorithm_config import AlgorithmConfig
+from bidirl.algo.algorithm_config import AlgorithmConfig, FilterGroups
 from bidirl.algo.grpo import group_advantages_lists, token_logprobs
 from bidirl.algo.objective import LossSettings, policy_objective
 from bidirl.algo.reward_shaping import overlong_penalty
@@ -217,3 +217,22 @@ def test_overlong_penalty_by_hand():
     # cap 16, buffer 4: no penalty up to 12 tokens, then linear to -factor at the cap (DAPO)
     assert [overlong_penalty(n, 16, 4, 1.0) for n in (5, 12, 13, 14, 16)] == [0.0, 0.0, -0.25, -0.5, -1.0]
     assert overlong_penalty(16, 16, 4, 0.5) == -0.5
+
+
+def test_kl_in_the_reward_by_hand():
+    """r - beta * sum_t kl_t, per response (veRL's apply_kl_penalty summed by an outcome estimator)."""
+    from bidirl.algo.reward_shaping import kl_penalised
+
+    assert kl_penalised([[1.0, 0.0], [0.5]], [[2.0, -1.0], [0.0]], 0.1) == [[0.8, 0.1], [0.5]]
+    with pytest.raises(ValueError, match="same shape"):
+        kl_penalised([[1.0, 0.0]], [[2.0]], 0.1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(use_kl_in_reward=True, adv_estimator="reinforce_plus_plus"), "not with adv_estimator=reinforce_plus_plus"),
+    (dict(use_kl_in_reward=True, filter_groups=FilterGroups(enable=True, metric="seq_final_reward")),
+     "seq_final_reward not allowed with use_kl_in_reward"),
+])
+def test_kl_in_the_reward_refuses_what_it_cannot_mean(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AlgorithmConfig(**kwargs)

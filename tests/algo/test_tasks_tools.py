@@ -116,3 +116,31 @@ def test_final_answer():
     assert final_answer("thinking\n42.\n\n") == "42"
     assert final_answer("7<|im_end|>junk") == "7"
     assert final_answer("") == ""
+
+
+@pytest.mark.parametrize("name", ["kv_lookup", "guess_number"])
+def test_the_experts_the_warm_start_imitates_win_every_episode(name):
+    from bidirl.algo.episode import EpisodeLimits, run_episode
+    from bidirl.algo.tasks_tools import TOOL_TASKS
+
+    task = TOOL_TASKS[name]
+    for row in task.rows(40, seed=3):
+        traj = run_episode(task.environment(), row, task.expert(row), len, EpisodeLimits(task.max_turns, 1 << 16))
+        assert traj.outcome == "done" and traj.reward == 1.0, (row, traj.turns)
+
+
+def test_warm_start_episodes_train_the_model_turns_only():
+    from bidirl.algo.chat_tokens import prompt_ids
+    from bidirl.models.tiny import build_tokenizer
+    from bidirl.models.warm_start import episode_examples
+
+    tok = build_tokenizer()
+    (p, ids, mask), = episode_examples("kv_lookup", 1, tok, seed=0)
+    trained = tok.decode([t for t, m in zip(ids, mask) if m])
+    masked = tok.decode([t for t, m in zip(ids, mask) if not m])
+    assert trained.startswith("<tool_call>") and trained.count("<|eos|>") == 2 and "\\boxed{" in trained
+    assert masked.startswith("<|tool|>") and masked.endswith("<|assistant|>")  # the tool's answer, as the runtime
+    value = masked[len("<|tool|>"):-len("<|assistant|>")]
+    assert f"\\boxed{{{value}}}" in trained  # the expert answers what the tool returned
+    assert p == prompt_ids(tok, [{"role": "user", "content": tok.decode(p).split("<|user|>")[1].split("<|")[0]}],
+                           None)

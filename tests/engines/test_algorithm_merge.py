@@ -74,3 +74,44 @@ def test_a_chunks_own_totals_would_change_a_seq_mean_update(tiny_model_dir, samp
                        aux.compute_chunk_grads(mbs[1:], step_totals(mbs[1:]))])
     assert not _same(alone, wrong)
     assert step_totals(mbs) == StepTotals(sum(len(s.response_ids) for s in samples), len(samples))
+
+
+def _trajectories(samples: list[TrainSample], seed: int, noise: float = 0.0) -> list[TrainSample]:
+    """The samples as multi-turn trajectories: a run of environment tokens masked out in the
+    middle of each response of 4 tokens or more (``noise`` perturbs their behaviour and
+    reference log-probs, which must not matter)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in samples:
+        n = len(s.response_ids)
+        mask = [1] * n
+        if n >= 4:
+            mask[n // 3: 2 * n // 3] = [0] * (2 * n // 3 - n // 3)
+        bump = [noise * float(rng.normal()) * (1 - m) for m in mask]
+        out.append(TrainSample(s.prompt_ids, s.response_ids, [a + b for a, b in zip(s.behaviour_logprobs, bump)],
+                               s.advantage, ref_logprobs=[a + b for a, b in zip(s.ref_logprobs, bump)],
+                               loss_mask=mask))
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trajectories_merge_bitwise_and_their_environment_tokens_never_train(tiny_model_dir, samples, case):
+    """Multi-turn: the merge of chunks equals one trainer bit for bit with environment tokens
+    masked, and what the masked tokens' log-probs say changes nothing; the totals count the
+    model's tokens only."""
+    algorithm = CASES[case]
+    mbs = make_microbatches(_trajectories(samples, 0), 3)
+    alone = TorchTrainer(tiny_model_dir, CFG, algorithm=algorithm)
+    alone.train_step(mbs)
+    primary, aux = (TorchTrainer(tiny_model_dir, CFG, algorithm=algorithm) for _ in range(2))
+    totals = step_totals(mbs)
+    primary.apply_grads([primary.compute_chunk_grads(mbs[:1], totals), aux.compute_chunk_grads(mbs[1:], totals)])
+    assert _same(alone, primary), case
+    noisy = TorchTrainer(tiny_model_dir, CFG, algorithm=algorithm)
+    noisy.train_step(make_microbatches(_trajectories(samples, 1, noise=2.0), 3))
+    assert _same(alone, noisy), "a masked token's log-probs reached the update"
+    unmasked = TorchTrainer(tiny_model_dir, CFG, algorithm=algorithm)
+    unmasked.train_step(make_microbatches(samples, 3))
+    assert not _same(alone, unmasked)
+    masked = sum(sum(s.loss_mask) for mb in mbs for s in mb)
+    assert totals == StepTotals(masked, len(samples)) and masked < sum(len(s.response_ids) for s in samples)

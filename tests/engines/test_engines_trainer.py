@@ -296,3 +296,30 @@ def test_kl_reference_is_the_initial_policy_when_samples_carry_none(tiny_model_d
     a = moved_plain.compute_chunk_grads(mbs, per_microbatch=False).grads[0]
     b = kl_trainer.compute_chunk_grads(mbs, per_microbatch=False).grads[0]
     assert any(not np.allclose(a[n], b[n], rtol=1e-4, atol=1e-7) for n in a)
+
+
+def test_reference_kl_is_the_summed_penalty_against_the_initial_weights(tiny_model_dir):
+    """``algorithm.use_kl_in_reward``'s per-response KL: with behaviour log-probs equal to the
+    reference's it is 0; shifted by ``d`` on every token it is ``n d`` (k1), ``n |d|`` (abs)
+    and ``n d^2 / 2`` (mse), ``n`` the response's tokens; without the option, no reference."""
+    from bidirl.algo.algorithm_config import AlgorithmConfig
+
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(lr=1e-3), algorithm=AlgorithmConfig(use_kl_in_reward=True))
+    assert trainer.ref_model is None, "loaded on first use: only rank 0 is asked"
+    raw = _samples(tiny_model_dir, 5)
+    ref = TorchTrainer(tiny_model_dir, TrainerConfig()).compute_logprobs(raw)
+    trainer.train_step(make_microbatches(raw, 5))  # the trained copy moves; the reference must not
+    d = -0.25
+
+    def shifted(shift):
+        return make_microbatches([TrainSample(s.prompt_ids, s.response_ids, list(lp + shift), s.advantage)
+                                  for s, lp in zip(raw, ref)], 2)
+
+    n = np.array([len(s.response_ids) for s in raw], dtype=np.float64)
+    assert np.allclose(trainer.reference_kl(shifted(0.0), "kl"), 0.0, atol=1e-4)
+    assert np.allclose(trainer.reference_kl(shifted(d), "k1"), n * d, atol=1e-4)
+    assert np.allclose(trainer.reference_kl(shifted(d), "abs"), n * abs(d), atol=1e-4)
+    assert np.allclose(trainer.reference_kl(shifted(d), "mse"), n * d * d / 2, atol=1e-4)
+    assert np.allclose(trainer.reference_kl(shifted(d), "k3"), trainer.reference_kl(shifted(d), "low_var_kl"))
+    with pytest.raises(RuntimeError, match="use_kl_in_reward is off"):
+        TorchTrainer(tiny_model_dir, TrainerConfig()).reference_kl(shifted(0.0), "kl")

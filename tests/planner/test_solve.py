@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from bidirl.planner.closed_form import solve
-from bidirl.planner.context import PlanContext
+from bidirl.planner.context import OPTIONS, PlanContext
 from bidirl.planner.plan import plan
-from bidirl.planner.predict import OPTIONS
 from bidirl.planner.residual import Residual
 from bidirl.planner.stages import _model
 

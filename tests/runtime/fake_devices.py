@@ -123,7 +123,8 @@ class FakeRollout:
         responses = [[token_at(-1 - i, 0, pos) for pos in range(response_length(-1 - i, 0, max_new_tokens))]
                      for i in range(len(prompts))]
         cost = self.costs.decode_s * max((len(r) for r in responses), default=0)
-        return {"version": self.version, "responses": responses, "seconds": cost}, cost
+        return {"version": self.version, "responses": responses, "seconds": cost,
+                "finish_reasons": ["length" if len(r) >= max_new_tokens else "stop" for r in responses]}, cost
 
     def snapshot(self):
         """Copies of every live response's progress, without interrupting it (checkpoints)."""
@@ -168,6 +169,9 @@ class DPGroup:
             m.step_with(total)
 
 
+FAKE_KL_PER_TOKEN = 0.02
+
+
 class FakeTrainer:
     def __init__(self, costs: Costs, lr: float = 0.05, version: int = 0, dp: DPGroup | None = None,
                  rank: int = 0, members: list | None = None, **_ignored) -> None:
@@ -175,6 +179,7 @@ class FakeTrainer:
         self.w = np.linspace(-1, 1, DIM, dtype=np.float32)
         self.dp, self.rank, self.members = dp, rank, members
         self.applied: list[list] = []  # per step: the micro-batches merged, in merge order
+        self.kl_calls = 0  # reference_kl calls (KL in the reward: one per step, on rank 0)
 
     def grad(self, mb: list[dict], total: int) -> np.ndarray:
         g = np.zeros(DIM, np.float32)
@@ -194,6 +199,13 @@ class FakeTrainer:
             timings.append((tokens, tokens / max(1, len(mb)), took))
             cost += took
         return (FakeChunk(grads, list(micro_batches), self.version), timings), cost
+
+    def reference_kl(self, micro_batches: list, kind: str):
+        """A made-up but fixed KL per sample (KL in the reward): a function of its tokens."""
+        self.kl_calls += 1
+        out = [FAKE_KL_PER_TOKEN * len(s["response_ids"]) + 1e-3 * (s["response_ids"][0] % 7)
+               for mb in micro_batches for s in mb]
+        return out, self.costs.train_per_token_s * sum(len(s["response_ids"]) for mb in micro_batches for s in mb)
 
     def apply_refs(self, nested: list, n_own: int, groups: list[int] | None = None):
         chunks = nested[0]

@@ -56,18 +56,20 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
              kill_aux_at_step: int | None = None,
              setup: Callable[[DeviceExecutor], Callable | None] | None = None,
              flat_every: int | None = None, max_gen_batches: int = 0, stop_after: int | None = None,
-             resume: dict | None = None) -> FakeRun:
+             resume: dict | None = None, algorithm: AlgorithmConfig | None = None,
+             hub: Callable[[], object] | None = None) -> FakeRun:
     """``setup(executor)`` runs before the loop (e.g. to attach a validator) and may return a
     per-step hook (e.g. a ``StepBoundary``'s ``after_step``), called before the groups are retired;
     a validator attached to the executor gets its final validation after the loop.
 
     ``flat_every``: dynamic sampling on (``algorithm.filter_groups``), and every group whose id
     is a multiple of it gets a prompt whose rewards are all 0 (filtered); ``max_gen_batches``
-    its cap.
+    its cap.  ``algorithm``: the run's algorithm section instead (filtering as it says).
 
     ``stop_after``: stop at that step boundary, keeping what a checkpoint there holds
     (``FakeRun.state``, ``checkpoints._boundary_state``); ``resume``: such a state, to go on
-    from as ``--resume`` does (a controller counting from 0, the checkpoint's groups first)."""
+    from as ``--resume`` does (a controller counting from 0, the checkpoint's groups first).
+    ``hub``: makes a multi-turn run's ``TrajectoryHub`` (each group's row: one user message ``p<g>``)."""
     start = resume["next_step"] if resume else 0
     spec = spec_for(rollout, train, steps=steps - start, prompts=prompts, group_size=group_size,
                     max_new=max_new, staleness=staleness)
@@ -87,12 +89,15 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
 
     def new_group(g: int) -> None:
         flat = flat_every is not None and g % flat_every == 0
-        store.add(g, f"p{g}", [1, 2, 3, 4, 5, 6], "fake", "flat" if flat else "x")
+        row = {"prompt": [{"role": "user", "content": f"p{g}"}], "data_source": "fake",
+               "reward_model": {"ground_truth": "x"}, "extra_info": {"group": g}} if hub is not None else None
+        store.add(g, f"p{g}", [1, 2, 3, 4, 5, 6], "fake", "flat" if flat else "x", row=row)
 
     controller = Controller(spec, make_policy(policy))
-    algorithm = AlgorithmConfig(filter_groups=FilterGroups(enable=flat_every is not None))
+    algorithm = algorithm or AlgorithmConfig(filter_groups=FilterGroups(enable=flat_every is not None))
     job = Job(store, new_group, reward, lambda tokens: " ".join(map(str, tokens)), rollout_kwargs={},
-              trainer_kwargs={"model_dir": "fake"}, algorithm=algorithm, ids=ids, version_offset=start)
+              trainer_kwargs={"model_dir": "fake"}, algorithm=algorithm, ids=ids, version_offset=start,
+              hub=hub() if hub is not None else None)
     ex = DeviceExecutor(controller, wrapped, job, Layout(lambda u: spec.unit_devices(u)[0],
                                                          list(spec.train_devices)))
     controller.bind(ex)
@@ -122,4 +127,6 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
     if ex.validator is not None:
         ex.validator.final(steps)
     out.intervals = ex.finish()
+    if job.hub is not None:
+        job.hub.close()
     return out

@@ -120,3 +120,19 @@ def test_the_step_overhead_is_what_follows_the_compute():
     # every step had auxiliaries (bidirl, train-heavy): the time after the last chunk less C_grad
     assert overhead(merged, dp=1) == pytest.approx(0.07)
     assert overhead([_finished(1.0, 1.0)], dp=1) is None  # nothing measured: no figure
+
+
+def test_a_run_with_images_describes_them(tmp_path):
+    """A vision-language run's scenario says how many images its prompts held, their pixels and
+    bytes; the tower's time is inside the fitted prefill, so the simulator adds none (it loads
+    and simulates as any other)."""
+    run = run_fake("bidirl", **WORKLOADS["train-heavy"])
+    for r in run.executor.steps.values():  # one 64 x 64 picture of 1,000 bytes per group
+        n = len(r.group_ids)
+        r.images, r.image_bytes, r.image_pixels = n, 1000 * n, 4096 * n
+    cfg = SimpleNamespace(scheduler=SimpleNamespace(policy="bidirl"), run=SimpleNamespace(seed=0))
+    sc = load(calibrated_scenario.write(tmp_path, cfg, run.executor, run.intervals))
+    w = sc.workload
+    assert (w.images_per_prompt, w.image_pixels, w.image_bytes) == (1, 4096, 1000)
+    assert "vision tower's time is inside the measured prefill" in sc.description
+    assert simulate(sc, "bidirl", record_intervals=False).groups_lost == 0

@@ -10,6 +10,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 def test_gpu_smoke_script(tmp_path):
     out = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=480, env={"OUT": str(tmp_path / "gpu"), "PATH": "/usr/bin:/bin"})
+                         timeout=720, env={"OUT": str(tmp_path / "gpu"), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "gpu" / "switch_costs.json").is_file()
+    assert '"audit_ok": true' in (tmp_path / "gpu" / "train_vl.txt").read_text()  # the Qwen2.5-VL-shaped run

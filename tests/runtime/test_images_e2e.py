@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from runtime_cli_helpers import assert_run_sound, run_cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -36,6 +37,8 @@ def test_images_train_validate_resume_and_export(tmp_path, real_runtime_availabl
     samples = [json.loads(ln) for ln in (run / "samples.jsonl").read_text().splitlines()]
     assert any(s["kind"] == "val" and s["prompt"].count("<image>") == 1 for s in samples), \
         "the prompt as vLLM got it: one placeholder per image"
+    scenario = yaml.safe_load((run / "scenario.yaml").read_text())["workload"]  # the pictures, as trained
+    assert (scenario["images_per_prompt"], scenario["image_pixels"]) == (1, 64 * 64) and scenario["image_bytes"] > 0
     state = json.loads((run / "checkpoints" / "step_4" / "state.json").read_text())
     assert all(len(g["images"]) == 1 and len(g["train_prompt_ids"]) > len(g["prompt_ids"])
                for g in state["store"]["groups"])

@@ -10,6 +10,8 @@ and puts the original weights back.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -122,6 +124,71 @@ def test_nothing_left_to_generate_is_refused(role):
         role.submit([ResponseRequest(3, 0, PROMPT, 2, prefix_ids=[7, 8], prefix_logprobs=[0.0, 0.0],
                                      prefix_versions=[0, 0])])
     assert role.running == 0
+
+
+class _AgainEnv:
+    """Three model turns, each answered "try again": a trajectory of model and environment turns."""
+
+    def reset(self, row):
+        self.turn = 0
+        return list(row["prompt"])
+
+    def step(self, text):
+        self.turn += 1
+        return ([], 1.0, True) if self.turn == 3 else ([{"role": "user", "content": "try again"}], 0.0, False)
+
+
+def _trajectory(role, tok, interrupt_turn: int | None):
+    """One greedy trajectory through a real engine, the hub driving it as the rollout driver
+    does; on ``interrupt_turn`` a reclaim stops the turn a few tokens in and it resumes from
+    its partial prefix."""
+    from bidirl.algo.episode import EpisodeLimits
+    from bidirl.runtime.trajectories import TrajectoryHub
+
+    hub = TrajectoryHub(_AgainEnv, tok, EpisodeLimits(3, 4096, 10.0), turn_tokens=20, max_context=512,
+                        temperature=0.0)
+    try:
+        hub.start(9, 0, {"prompt": [{"role": "user", "content": "copy 4821"}]}, seed=1, fallback_prompt=PROMPT)
+        turn = 0
+        while True:
+            reqs = hub.take_requests()
+            done = hub.take_finished()
+            if done:
+                return done[0]
+            if not reqs:
+                time.sleep(0.001)
+                continue
+            (req,) = reqs
+            role.submit(reqs)
+            if turn == interrupt_turn:
+                _step_until(role, len(req.prefix_ids) + 5)
+                (partial,) = role.abort_all()  # a reclaim mid-turn
+                role.unpause()
+                assert len(req.prefix_ids) < len(partial.token_ids) < len(req.prefix_ids) + 20
+                role.submit([partial.as_request()])  # resumed (here: on the same engine)
+            (res,) = _finish(role)
+            hub.turn_done(res)
+            turn += 1
+    finally:
+        hub.close()
+
+
+def test_a_trajectory_reclaimed_mid_turn_resumes_exactly_and_scores_as_hf(role, reference, tiny_model_dir):
+    from bidirl.models.tiny import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    whole = _trajectory(role, tok, None)
+    resumed = _trajectory(role, tok, 1)
+    assert whole.outcome == "done" and whole.turns == 3 and whole.env_reward == 1.0
+    assert resumed.token_ids == whole.token_ids and resumed.loss_mask == whole.loss_mask
+    assert np.abs(np.array(resumed.logprobs) - np.array(whole.logprobs)).max() < 1e-4
+    mask = np.array(whole.loss_mask, dtype=bool)
+    assert mask.sum() == 3 * 20 and (~mask).sum() > 0  # three capped turns, the environment's between
+    # the behaviour log-probs of the model's tokens, with the environment's tokens in the
+    # context, are the HF model's teacher-forced ones over the whole trajectory
+    forced, argmax = score_tokens(reference, whole.prompt_ids, whole.token_ids)
+    assert np.abs(forced[mask] - np.array(whole.logprobs)[mask]).max() <= 1e-3
+    assert np.array_equal(np.array(argmax)[mask], np.array(whole.token_ids)[mask])  # greedy
 
 
 def test_update_weights_in_flight_tags_versions_exactly(role, reference, tiny_model_dir):

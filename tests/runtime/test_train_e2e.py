@@ -30,11 +30,14 @@ def _ledger(run_dir):
 
 def test_async_grpo_end_to_end(tmp_path, real_runtime_available):
     """With DAPO's dynamic sampling on: a group whose rewards come out all equal is filtered and
-    replaced (the ledger records it; the audit accounts for it)."""
+    replaced (the ledger records it; the audit accounts for it).  With KL in the reward: each
+    step asks the trainer's reference model for the responses' KL (veRL's metric names)."""
     run = tmp_path / "run"
     out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=5", "scheduler.policy=async",
                   "scheduler.staleness=1", "cluster.prewarm=false", "run.val_every=2", "data.val_max_samples=8",
-                  "run.train_samples_every=2", "algorithm.filter_groups.enable=true")
+                  "run.train_samples_every=2", "algorithm.filter_groups.enable=true",
+                  "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.1",
+                  "algorithm.kl_penalty=low_var_kl")
     assert out.returncode == 0, out.stderr[-3000:]
     console = (out.stdout + out.stderr).splitlines()
     assert len(console) < 30, "\n".join(console)  # vLLM and Ray at WARNING, no line per weight sync
@@ -63,6 +66,8 @@ def test_async_grpo_end_to_end(tmp_path, real_runtime_available):
                 "actor/entropy", "actor/lr", "timing_s/gen", "timing_s/update_actor"):
         assert key in steps[-1], key
     assert any("timing_s/update_weights" in m for m in steps)
+    assert all(m["actor/reward_kl_penalty_coeff"] == 0.1 and m["actor/reward_kl_penalty"] >= -1e-6 for m in steps)
+    assert steps[-1]["actor/reward_kl_penalty"] > 1e-4, "the policy moved away from its reference"
     # validation: at steps 2 and 4 and at the end, on replica 0, outside the ledger
     val = [m for m in metrics if "val/score/mean" in m]
     versions = [m["step"] for m in val]  # the version each ran on: the one asked for, or a newer one

@@ -68,14 +68,28 @@ class FilterGroups:
         "0: no cap", ge=0, resume_safe=True)
     metric: str | None = option(
         None, "which per-response value must have a spread for a group to be kept: null, seq_reward or "
-        "seq_final_reward: the training reward (shaped: overlong penalty included; no KL in the reward, so "
-        "the two are one); score: the reward function's value before shaping; any other name (DAPO's "
-        "recipe: acc): that key of the reward function's dict (a plain number counts as its own acc)")
+        "seq_final_reward: the training reward (shaped: overlong penalty included, the KL penalty of "
+        "use_kl_in_reward not: it is known only when the step is laid out); score: the reward function's "
+        "value before shaping; any other name (DAPO's recipe: acc): that key of the reward function's dict "
+        "(a plain number counts as its own acc)")
 
     def __post_init__(self) -> None:
         check_fields(self)
         if self.metric is not None and not str(self.metric).strip():
             raise ValueError("algorithm.filter_groups.metric: must be null or a name (seq_reward, score, acc, ...)")
+
+
+@dataclass(frozen=True)
+class KLControl:
+    """The KL-in-reward coefficient (veRL's ``algorithm.kl_ctrl``)."""
+
+    type: str = option("fixed", "fixed: kl_coef for the whole run (veRL's adaptive controller is not built: its "
+                       "coefficient would be state a resume must restore)", choices=("fixed",))
+    kl_coef: float = option(0.001, "beta of use_kl_in_reward: each training reward minus beta x its response's "
+                            "summed per-token KL", ge=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)
@@ -96,6 +110,14 @@ class AlgorithmConfig:
                                "whose default is false); false: off whatever kl_coef")
     kl_loss_type: str = option("k3", "the KL estimator: k3 (unclamped), low_var_kl (k3 clamped as veRL's "
                                "k3), k1 / kl, k2 / mse, abs", choices=KL_LOSS_TYPES)
+    use_kl_in_reward: bool = option(
+        False, "each training reward minus kl_ctrl.kl_coef x the sum over its response's tokens of "
+        "kl_penalty(behaviour log-prob, reference log-prob), before the advantages; the trainer keeps the "
+        "initial weights as the reference and runs one more forward pass per step (not with adv_estimator="
+        "reinforce_plus_plus, whose per-token returns bidirl does not compute)")
+    kl_penalty: str = option("kl", "use_kl_in_reward's per-token estimator (veRL's names): kl / k1, abs, mse / k2, "
+                             "low_var_kl / k3 (clamped, as veRL's)", choices=KL_LOSS_TYPES)
+    kl_ctrl: KLControl = section(KLControl, "the KL-in-reward coefficient")
     entropy_coeff: float = option(0.0, "entropy bonus: the loss minus this times the aggregated entropy", ge=0)
     rollout_correction: RolloutCorrection = section(RolloutCorrection, "off-policy correction")
     overlong_buffer: OverlongBuffer = section(OverlongBuffer, "DAPO's overlong reward shaping")
@@ -104,6 +126,15 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.use_kl_in_reward and self.adv_estimator == "reinforce_plus_plus":
+            raise ValueError("algorithm.use_kl_in_reward: not with adv_estimator=reinforce_plus_plus (its KL "
+                             "penalty makes per-token discounted returns; bidirl gives every token its "
+                             "response's advantage); allowed: grpo, rloo, reinforce_plus_plus_baseline, or the "
+                             "KL loss (use_kl_loss with trainer.kl_coef > 0)")
+        if self.use_kl_in_reward and self.filter_groups.metric == "seq_final_reward":
+            raise ValueError("algorithm.filter_groups.metric: seq_final_reward not allowed with use_kl_in_reward "
+                             "(groups are judged when they complete, the KL penalty is known when their step is "
+                             "laid out); allowed: seq_reward, score or a reward dict key")
 
     def kl_on(self, kl_coef: float) -> bool:
         """Whether the loss has a KL term (and the trainer a frozen reference model)."""

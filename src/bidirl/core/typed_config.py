@@ -209,7 +209,12 @@ def build(cls: type, data: Any, path: str = "", err: type[Exception] = FieldErro
     for name, f in fields.items():
         if name not in kwargs and f.default is MISSING and f.default_factory is MISSING:
             raise err(f"{prefix}{name}: required")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except err:
+        raise
+    except ValueError as e:  # a rule across fields (``__post_init__``): its message names them
+        raise err(str(e)) from None
 
 
 def check_fields(obj: Any, path: str | None = None, err: type[Exception] = FieldError) -> None:

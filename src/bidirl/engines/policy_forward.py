@@ -16,7 +16,8 @@ import torch
 from bidirl.algo.algorithm_config import AlgorithmConfig
 from bidirl.algo.grpo import token_logprobs
 from bidirl.algo.objective import LossSettings
-from bidirl.algo.policy_loss import token_entropy
+from bidirl.algo.policy_loss import KL_PENALTIES, token_entropy
+from bidirl.algo.registry import choose
 from bidirl.engines.train_batch import Collated
 from bidirl.engines.trainer_config import TrainerConfig
 
@@ -51,6 +52,22 @@ def reference_logp(ref_model, batch: Collated, vision: dict | None = None) -> to
     logits_B_L_V = ref_model(input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,
                              use_cache=False, **(vision or {})).logits
     return token_logprobs(logits_B_L_V[:, :-1], batch.targets_B_T)
+
+
+@torch.no_grad()
+def reference_kl_sums(ref_model, batch: Collated, kind: str, vision: dict | None = None) -> list[float]:
+    """Per sequence: ``sum_t kind(behaviour_t, reference_t)`` over its response tokens, the KL
+    that ``algorithm.use_kl_in_reward`` subtracts (times its coefficient) from the reward.
+
+    veRL takes the actor's recomputed log-probs as the policy side; bidirl the behaviour
+    log-probs the engine sampled with (the same numbers on-policy, the sampling policy's own
+    divergence off it).
+    """
+    ref_logp_B_T = reference_logp(ref_model, batch, vision)
+    on_B_T = batch.mask_B_T > 0
+    kind = "low_var_kl" if kind == "k3" else kind  # veRL's k3 in the reward is its clamped low_var_kl
+    kl_B_T = choose("algorithm.kl_penalty", kind, KL_PENALTIES)(batch.old_logp_B_T, ref_logp_B_T, on_B_T)
+    return (kl_B_T * batch.mask_B_T).sum(dim=-1).to(torch.float64).tolist()
 
 
 def loss_settings(config: TrainerConfig, algorithm: AlgorithmConfig) -> LossSettings:

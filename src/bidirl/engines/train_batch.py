@@ -28,8 +28,14 @@ class TrainSample:
     images: tuple[bytes, ...] = ()
     """The prompt's images, encoded; ``prompt_ids`` then hold each one's placeholder expanded
     to its tokens, and the trainer runs the model's image processor on them."""
+    loss_mask: Sequence[int] | None = None
+    """A multi-turn trajectory's mask over ``response_ids``: 1 on the model's tokens, 0 on the
+    environment's (which condition the model but never train); None: every token trains."""
 
     def __post_init__(self):
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.response_ids):
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {len(self.response_ids)} "
+                             "response tokens; they must match")
         if len(self.behaviour_logprobs) != len(self.response_ids):
             raise ValueError(
                 f"behaviour_logprobs has {len(self.behaviour_logprobs)} entries for "
@@ -78,14 +84,19 @@ def padding_split(lengths: Sequence[int], overhead_tokens: int | None) -> list[l
     return parts[::-1]
 
 
+def trained(s: TrainSample) -> int:
+    """Response tokens ``s`` trains on (a trajectory's model tokens; else all of them)."""
+    return len(s.response_ids) if s.loss_mask is None else int(sum(s.loss_mask))
+
+
 def count_tokens(microbatches: Iterable[Microbatch]) -> int:
-    """Response tokens in these micro-batches: the token-mean loss denominator."""
-    return sum(len(s.response_ids) for mb in microbatches for s in mb)
+    """Response tokens trained on in these micro-batches: the token-mean loss denominator."""
+    return sum(trained(s) for mb in microbatches for s in mb)
 
 
 def step_totals(microbatches: Iterable[Microbatch]) -> StepTotals:
     """The loss normalisers of these micro-batches taken as a whole step (tokens, sequences)."""
-    return StepTotals.of(len(s.response_ids) for mb in microbatches for s in mb)
+    return StepTotals.of(trained(s) for mb in microbatches for s in mb)
 
 
 @dataclass
@@ -133,7 +144,7 @@ def collate(samples: Microbatch, pad_id: int, device: str = "cpu") -> Collated:
         input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attention[b, : len(seq)] = 1
         start, n = len(s.prompt_ids) - 1, len(s.response_ids)
-        mask[b, start : start + n] = 1.0
+        mask[b, start : start + n] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float32)
         old[b, start : start + n] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
         if ref is not None:
             ref[b, start : start + n] = torch.tensor(s.ref_logprobs, dtype=torch.float32)

@@ -50,7 +50,7 @@ from bidirl.algo.algorithm_config import AlgorithmConfig
 from bidirl.algo.objective import policy_objective
 from bidirl.engines.dp_reduce import all_reduce_step, global_totals
 from bidirl.engines.hf_io import auto_model_class, check_finite, is_vision_language, load_weights, write_model_dir
-from bidirl.engines.policy_forward import forward_logp, loss_settings, reference_logp
+from bidirl.engines.policy_forward import forward_logp, loss_settings, reference_kl_sums, reference_logp
 from bidirl.engines.torch_setup import set_torch_threads
 from bidirl.engines.train_batch import (
     GradChunk,
@@ -103,11 +103,12 @@ class TorchTrainer:
         )
         self.process_group = process_group
         # The KL term's reference is the initial policy: the model directory's weights, kept
-        # frozen beside the trained copy (one more forward pass per micro-batch).
+        # frozen beside the trained copy (one more forward pass per micro-batch).  KL in the
+        # reward loads it on its first use (``reference_kl``): only rank 0 is asked, so the
+        # other ranks and the auxiliaries hold no copy they never use.
         self.ref_model = None
         if self.algorithm.kl_on(self.config.kl_coef):
-            self.ref_model = model_class.from_pretrained(str(model_dir), dtype=torch.float32)
-            self.ref_model.to(device).eval().requires_grad_(False)
+            self.ref_model = self._load_reference()
         self.version = 0
         """Training steps taken (the policy version these weights are); a skipped step counts."""
         self.skipped_steps = 0
@@ -123,6 +124,24 @@ class TorchTrainer:
             logp_B_T = forward_logp(self.model, batch, "none", self._vision(batch))[0].cpu()
             out += [logp_B_T[b, s : s + n].numpy().copy() for b, (s, n) in enumerate(batch.spans)]
         return out
+
+    def reference_kl(self, microbatches: Sequence[Microbatch], kind: str) -> list[float]:
+        """Each sample's summed per-token KL (``kind``) between its behaviour log-probs and
+        the reference model's, micro-batch by micro-batch as given (the same batches give the
+        same floats, whoever computes them): ``algorithm.use_kl_in_reward``'s penalty."""
+        if not self.algorithm.use_kl_in_reward:
+            raise RuntimeError("reference_kl: algorithm.use_kl_in_reward is off, so this trainer keeps no reference")
+        if self.ref_model is None:
+            self.ref_model = self._load_reference()
+        out: list[float] = []
+        for mb in microbatches:
+            batch = collate(mb, self.pad_id, self.device)
+            out += reference_kl_sums(self.ref_model, batch, kind, self._vision(batch))
+        return out
+
+    def _load_reference(self):
+        ref = auto_model_class(self.model_dir).from_pretrained(str(self.model_dir), dtype=torch.float32)
+        return ref.to(self.device).eval().requires_grad_(False)
 
     # ------------------------------------------------------------------ gradients
     def _microbatch_grads(self, mb: Microbatch, totals: StepTotals) -> tuple[dict[str, np.ndarray], dict]:
@@ -156,7 +175,7 @@ class TorchTrainer:
         logp_B_T, entropy_B_T = forward_logp(self.model, batch, "grad" if settings.entropy_coeff else "metric",
                                              vision)
         ref_logp_B_T = batch.ref_logp_B_T
-        if ref_logp_B_T is None and self.ref_model is not None:
+        if ref_logp_B_T is None and settings.kl_coef:
             ref_logp_B_T = reference_logp(self.ref_model, batch, vision)
         out = policy_objective(logp_B_T, batch.old_logp_B_T, batch.adv_B, batch.mask_B_T, totals, settings,
                                ref_logp_B_T, entropy_B_T)

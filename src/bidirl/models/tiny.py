@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bidirl.engines.hf_io import quiet_hf_progress_bars
@@ -63,8 +64,14 @@ def _byte_of(char: str) -> int:
     return others[code - 256]
 
 
-def build_tokenizer():
+def build_tokenizer(extra_special: Sequence[str] = (), chat_template: str = CHAT_TEMPLATE,
+                    model_max_length: int = 512, named: dict[str, str] | None = None):
     """A ``PreTrainedTokenizerFast`` over :func:`char_vocab` with the chat template set.
+
+    ``extra_special`` are added after the 7 special tokens (ids 263...: a vision-language
+    model's image tokens); ``named`` gives some of them a name the tokenizer exposes as an
+    attribute (``{"image_token": "<|image_pad|>"}``: ``tok.image_token``, ``tok.image_token_id``),
+    which processors read.
 
     Why byte-level BPE with *no merges* rather than WordLevel: for ``model_type == "qwen2"``
     transformers 5's ``AutoTokenizer`` (and so vLLM) ignores the saved tokenizer class and
@@ -84,11 +91,12 @@ def build_tokenizer():
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     core.decoder = decoders.ByteLevel()
-    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in [*SPECIAL_TOKENS, *extra_special]])
     tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
-                                  additional_special_tokens=SPECIAL_TOKENS[4:], clean_up_tokenization_spaces=False,
-                                  model_max_length=512)
-    tok.chat_template = CHAT_TEMPLATE
+                                  additional_special_tokens=[*SPECIAL_TOKENS[4:], *extra_special],
+                                  clean_up_tokenization_spaces=False, model_max_length=model_max_length,
+                                  **({"extra_special_tokens": dict(named)} if named else {}))
+    tok.chat_template = chat_template
     return tok
 
 
@@ -133,12 +141,23 @@ def build_tiny_model(out_dir: str | Path, layers: int = 2, hidden: int = 128, he
     tok = build_tokenizer()
     model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                                                pad_token_id=config.pad_token_id)
+
+    def write(d: Path) -> None:
+        model.save_pretrained(d, safe_serialization=True)
+        tok.save_pretrained(d)
+
+    return write_model_dir(out_dir, spec, _MARKER, write)
+
+
+def write_model_dir(out_dir: Path, spec: dict, marker_name: str, write: Callable[[Path], None]) -> Path:
+    """``write(d)`` into a temporary sibling of ``out_dir``, mark it as built from ``spec``
+    (:func:`built_as`) and rename it into place: concurrent builders (tests, Ray workers)
+    never see a half-written model."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps(spec, indent=1, sort_keys=True))
+        write(tmp)
+        (tmp / marker_name).write_text(json.dumps(spec, indent=1, sort_keys=True))
         replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -167,6 +186,13 @@ def replace_dir(src: Path, dst: Path) -> None:
     except OSError:
         if not dst.exists():  # lost a race to another builder: theirs is equally good
             raise
+
+
+def edit_json(path: Path, edit: Callable[[dict], object]) -> None:
+    """Rewrite a JSON file after ``edit`` (in place) changes its object."""
+    cfg = json.loads(path.read_text())
+    edit(cfg)
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
 def load_tokenizer(model_dir: str | Path):

@@ -26,13 +26,10 @@ and takes a message's content either as a string or as Idefics3's list of
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 from pathlib import Path
 
 from bidirl.engines.hf_io import quiet_hf_progress_bars
-from bidirl.models.tiny import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, VOCAB_SIZE, built_as, char_vocab, replace_dir
+from bidirl.models.tiny import BOS, EOS, PAD, VOCAB_SIZE, build_tokenizer, built_as, edit_json, write_model_dir
 
 IMAGE_TOKEN = "<image>"
 FAKE_IMAGE_TOKEN = "<fake_token_around_image>"
@@ -41,18 +38,28 @@ END_OF_UTTERANCE = "<end_of_utterance>"
 ROW_COL_TOKENS = [f"<row_{r + 1}_col_{c + 1}>" for r in range(6) for c in range(6)]
 VL_SPECIAL_TOKENS = [FAKE_IMAGE_TOKEN, IMAGE_TOKEN, END_OF_UTTERANCE, GLOBAL_IMAGE_TOKEN, *ROW_COL_TOKENS]
 
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "<|{{ message['role'] }}|>"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<image>{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
+
+
+def parts_chat_template(image: str) -> str:
+    """The tiny model's chat template taking a message's content as a string or as a list of
+    ``{"type": "image"}`` / ``{"type": "text", "text": ...}`` parts, each image part rendered
+    as ``image``."""
+    return (
+        "{{ bos_token }}"
+        "{% for message in messages %}"
+        "<|{{ message['role'] }}|>"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' %}" + image
+        + "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}"
+        "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+
+
+CHAT_TEMPLATE = parts_chat_template(IMAGE_TOKEN)
 _MARKER = "bidirl_tiny_vl.json"
 
 
@@ -65,23 +72,7 @@ def tokens_per_image(image_size: int = 64, patch_size: int = 8, scale_factor: in
 
 def build_vl_tokenizer():
     """The tiny model's character-level tokenizer plus Idefics3's image tokens and the chat template."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
-
-    core = Tokenizer(models.BPE(vocab=char_vocab(), merges=[], fuse_unk=False, byte_fallback=False))
-    core.normalizer = normalizers.NFC()
-    core.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    core.decoder = decoders.ByteLevel()
-    core.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                             for t in SPECIAL_TOKENS + VL_SPECIAL_TOKENS])
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
-                                  additional_special_tokens=SPECIAL_TOKENS[4:] + VL_SPECIAL_TOKENS,
-                                  clean_up_tokenization_spaces=False, model_max_length=1024)
-    tok.chat_template = CHAT_TEMPLATE
+    tok = build_tokenizer(VL_SPECIAL_TOKENS, CHAT_TEMPLATE, model_max_length=1024)
     if len(tok) > VOCAB_SIZE:
         raise AssertionError(f"{len(tok)} tokens do not fit {VOCAB_SIZE} embedding rows")
     return tok
@@ -152,17 +143,13 @@ def build_tiny_vl_model(out_dir: str | Path, layers: int = 2, hidden: int = 128,
     ids = tok.convert_tokens_to_ids
     model.generation_config = GenerationConfig(bos_token_id=ids(BOS), eos_token_id=ids(EOS), pad_token_id=ids(PAD))
     processor = build_processor(tok, image_size, patch_size, scale_factor)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        processor.save_pretrained(tmp)
-        _name_pil_classes(tmp)
-        (tmp / _MARKER).write_text(json.dumps(spec, indent=1, sort_keys=True))
-        replace_dir(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+
+    def write(d: Path) -> None:
+        model.save_pretrained(d, safe_serialization=True)
+        processor.save_pretrained(d)
+        _name_pil_classes(d)
+
+    return write_model_dir(out_dir, spec, _MARKER, write)
 
 
 def _name_pil_classes(d: Path) -> None:
@@ -170,12 +157,6 @@ def _name_pil_classes(d: Path) -> None:
     ``AutoTokenizer`` loads the saved tokenizer as is (no model-type tokenizer rebuilt from the
     vocabulary); the PIL image processor, which transformers would otherwise reach only by
     falling back (with a warning) from the torchvision one it names by default."""
-    _edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
-    _edit_json(d / "processor_config.json",
-               lambda c: c["image_processor"].update(image_processor_type="Idefics3ImageProcessorPil"))
-
-
-def _edit_json(path: Path, edit) -> None:
-    cfg = json.loads(path.read_text())
-    edit(cfg)
-    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    edit_json(d / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+    edit_json(d / "processor_config.json",
+              lambda c: c["image_processor"].update(image_processor_type="Idefics3ImageProcessorPil"))

@@ -3,7 +3,8 @@
 Why: a randomly initialised model almost never emits a digit string of the right shape, so
 every reward in a group is 0, every group-normalised advantage is 0 and GRPO learns nothing.
 A few hundred tiny SFT steps on the task's ``prompt -> answer<|eos|>`` format teach the format
-and part of the mapping; sampled answers then earn a mean reward clearly above 0 and clearly
+and part of the mapping (a multi-turn tool task: whole episodes of its expert, the
+environment's turns masked, ``episode_examples``); sampled answers then earn a mean reward clearly above 0 and clearly
 below 1, which is the regime where GRPO's improvement is visible within minutes on a CPU.
 
 The SFT loss is token-mean cross-entropy on the answer tokens (and the closing EOS) only; the
@@ -20,7 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bidirl.algo.chat_tokens import observation_ids, prompt_ids
+from bidirl.algo.episode import EpisodeLimits, run_episode
 from bidirl.algo.tasks import mixed_rows
+from bidirl.algo.tasks_tools import TOOL_TASKS
 from bidirl.engines.hf_io import quiet_hf_progress_bars
 from bidirl.models.tiny import encode_prompt, replace_dir
 
@@ -37,17 +41,47 @@ def sft_examples(task_names: list[str], n: int, tokenizer, seed: int) -> list[tu
     return out
 
 
+def episode_examples(task_name: str, n: int, tokenizer, seed: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """(prompt ids, trajectory ids, loss mask) of ``n`` episodes of a built-in tool task played
+    by its expert (``algo/tasks_tools.py``), tokenised as the runtime tokenises a trajectory
+    (``algo/chat_tokens.py``): the model's turns each closed by EOS and trained on, the
+    environment's turns masked."""
+    task = TOOL_TASKS[task_name]
+    limits = EpisodeLimits(task.max_turns, 1 << 16, 30.0)
+    out = []
+    for row in task.rows(n, seed=seed, split="sft"):
+        env = task.environment()
+        tools = getattr(env, "schemas", None) or None
+        traj = run_episode(env, row, task.expert(row), lambda text: 0, limits)
+        first = [{"role": t.role, "content": t.text} for t in traj.turns[:1]]
+        ids, mask, pending = [], [], []
+        for t in traj.turns[1:]:
+            if t.trains:
+                if pending:
+                    env_ids = observation_ids(tokenizer, pending, tools, ended_with_eos=True)
+                    ids, mask, pending = ids + env_ids, mask + [0] * len(env_ids), []
+                turn = tokenizer.encode(t.text, add_special_tokens=False) + [tokenizer.eos_token_id]
+                ids, mask = ids + turn, mask + [1] * len(turn)
+            else:
+                pending.append({"role": t.role, "content": t.text})
+        out.append((prompt_ids(tokenizer, first, tools), ids, mask))
+    return out
+
+
 def _batch(examples, pad_id: int):
+    """Padded ids, labels (-100 off the answer, and on a trajectory's environment tokens) and
+    the attention mask of (prompt, answer) or (prompt, trajectory, loss mask) examples."""
     import torch
 
-    L = max(len(p) + len(a) for p, a in examples)
+    L = max(len(e[0]) + len(e[1]) for e in examples)
     ids = torch.full((len(examples), L), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), L), -100, dtype=torch.long)
     attention = torch.zeros((len(examples), L), dtype=torch.long)
-    for b, (p, a) in enumerate(examples):
+    for b, (p, a, *rest) in enumerate(examples):
         seq = p + a
+        target = a if not rest else [x if m else -100 for x, m in zip(a, rest[0])]
         ids[b, : len(seq)] = torch.tensor(seq)
-        labels[b, len(p) : len(seq)] = torch.tensor(a)
+        labels[b, len(p) : len(seq)] = torch.tensor(target)
         attention[b, : len(seq)] = 1
     return ids, labels, attention
 
@@ -87,7 +121,10 @@ def warm_start(
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).train()
-    examples = sft_examples(list(tasks), max(4096, batch_size * 8), tok, seed)
+    n = max(4096, batch_size * 8)
+    tool = [t for t in tasks if t in TOOL_TASKS]
+    examples = (episode_examples(tool[0], n // 4, tok, seed) if tool  # whole episodes of the task's expert
+                else sft_examples(list(tasks), n, tok, seed))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / steps))
     rng = random.Random(seed)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from bidirl.core.typed_config import build, option, section
 from bidirl.perf.profile_spec import HardwareSpec, ModelSpec, hardware_profile, model_profile
 from bidirl.perf.profiles import MODELS, HardwareProfile, ModelProfile
+from bidirl.perf.scenario_turns import Turns, check_turns
 from bidirl.perf.vision import ImageLoad, image_tokens
 
 LengthDist = Literal["lognormal", "constant", "uniform", "file", "empirical"]
@@ -130,7 +131,9 @@ class Workload:
     prompts_per_step: int = option(64, "prompt groups per training step (GRPO batch)", ge=1)
     group_size: int = option(8, "responses per prompt", ge=1)
     prompt_tokens: int = option(256, "tokens per prompt, its image tokens included", ge=1)
-    response_length: ResponseLength = section(ResponseLength, "response length distribution")
+    response_length: ResponseLength = section(ResponseLength, "response length distribution (per model turn "
+                                              "when workload.turns has several)")
+    turns: Turns = section(Turns, "multi-turn trajectories: model turns, tool latency, environment tokens")
     images_per_prompt: int = option(0, "images in every prompt (a vision-language model's; 0: text only)", ge=0)
     image_pixels: int = option(448 * 448, "pixels of one image after the model's processor resizes it", ge=1)
     image_bytes: int = option(0, "encoded bytes of one image, carried to a replica's host with its prompt", ge=0)
@@ -292,6 +295,7 @@ def check(s: Scenario) -> Scenario:
              rl.values)
         need(all(1 <= v <= rl.max for v in rl.values), "workload.response_length.values",
              f"must be lengths in [1, max ({rl.max})]", [v for v in rl.values if not 1 <= v <= rl.max][:3])
+    check_turns(s.workload.turns, need)
     for name, n in CALIBRATED_LENGTHS.items():
         coefs = getattr(s.calibration, name)
         if coefs is not None:
@@ -299,7 +303,9 @@ def check(s: Scenario) -> Scenario:
             need(all(c >= 0 for c in coefs), f"calibration.{name}",
                  "must be >= 0 (time cannot shrink with more work)", coefs)
     w, m = s.workload, s.model_profile
-    if w.images_per_prompt:
+    # A calibrated scenario's fitted prefill holds its tower's time (the simulator prices no
+    # image on top, sim/world.py), so its images only describe the run, whatever its model.
+    if w.images_per_prompt and s.calibration.prefill is None:
         vl = ", ".join(k for k, v in MODELS.items() if v.vision_patch)
         need(m.vision_patch > 0, "workload.images_per_prompt", f"0 for {m.name}, which has no vision tower (or a "
              f"vision-language model: {vl})", w.images_per_prompt)

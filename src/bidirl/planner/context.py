@@ -15,6 +15,29 @@ from bidirl.perf.profiles import HardwareProfile, ModelProfile
 from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel
 from bidirl.perf.vision import ImageLoad, vision_prefill_s
 from bidirl.planner.lengths import LengthStats
+from bidirl.policy import policy_class, policy_max_staleness
+
+# How a run may borrow: neither direction, idle trainer units host rollout replicas,
+# idle rollout replicas host auxiliary trainers, or both (``predict`` solves each).
+OPTIONS = ("none", "roll_on_train", "train_on_roll", "both")
+
+
+def borrow_options(policy: str) -> tuple[str, ...]:
+    """The borrowing options ``policy`` can take, from its lending flags (``Policy``):
+    ``async``, ``one-step-off``: ``none`` alone; ``roll-borrow``: ``roll_on_train`` too;
+    ``train-borrow``: ``train_on_roll`` too; ``bidirl`` (and its ablation), ``sync``
+    (every device in both roles, colocated): all four.  Planning a policy for options it
+    never takes would pick a split that only borrowing makes good."""
+    cls = policy_class(policy)
+    roll, aux = cls.lends_train_devices, cls.lends_rollout_devices
+    return tuple(o for o, ok in zip(OPTIONS, (True, roll, aux, roll and aux)) if ok)
+
+
+def policy_staleness(policy: str, bound: int) -> int:
+    """The version gap ``policy`` keeps under the scenario's ``bound`` (``sync`` 0,
+    ``one-step-off`` at most 1, the others the bound)."""
+    cap = policy_max_staleness(policy)
+    return bound if cap is None else min(bound, cap)
 
 
 @dataclass
@@ -35,16 +58,19 @@ class PlanContext:
     # DAPO's dynamic sampling: the run's mean share of groups kept (workload.keep_rate,
     # ``KeepRate.effective``); a step generates prompts_per_step / keep_rate groups
     keep_rate: float = 1.0
+    # what the policy planned for may borrow (``borrow_options``; ``predict``'s default)
+    options: tuple[str, ...] = OPTIONS
     _memo: dict[tuple[str, int], object] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_scenario(cls, scenario, steps: int | None = None) -> PlanContext:
+    def from_scenario(cls, scenario, steps: int | None = None, policy: str = "bidirl") -> PlanContext:
+        """The context of ``scenario`` run by ``policy``: its staleness and borrowing."""
         w = scenario.workload
         return cls(
             hw=scenario.hw, model=scenario.model_profile,
             lengths=LengthStats.from_workload(w, steps or scenario.steps),
             devices=scenario.devices,
-            staleness=scenario.staleness,
+            staleness=policy_staleness(policy, scenario.staleness),
             steps=steps or scenario.steps,
             prompts_per_step=w.prompts_per_step,
             group_size=w.group_size,
@@ -54,6 +80,7 @@ class PlanContext:
             micro_samples=scenario.sim.micro_batch_samples,
             images=w.image_load,
             keep_rate=w.keep_rate.effective(steps or scenario.steps),
+            options=borrow_options(policy),
         )
 
     @property

@@ -18,6 +18,17 @@ formulas ask for follows from that grid:
   start of its last group a batch runs when its groups had to queue for slots.  With
   ``G(l) = int_0^l F(u) du``, ``P(L - U x <= y) = (G(y + x) - G(y)) / x``, and
   ``E[max] = y_hi - int F_Y(y)^n dy``; tabulated once per ``n`` on a grid of ``x``.
+
+Multi-turn (``workload.turns``): a trajectory is planned as one response of its model
+tokens, ``T`` turns of ``L`` (mean ``E[T] E[L]``, spread ``sqrt(E[T] Var L + Var T E[L]^2)``,
+the per-turn grid's shape), decoded in its context, which also holds its ``E[T] - 1``
+environment replies of ``E`` tokens (``env_tokens``, in the context and in the trainer's
+sequence).  What the single response does not have is kept beside it: the prefills of the
+later turns (``turn_prefills`` of ``turn_prefill_tokens`` each, the whole context re-prefilled;
+charged to the decoded tokens, as they pause the replica's decode)
+and the tool waits, one after each model turn (``tool_s`` per trajectory, ``tool_tail_s``
+for a batch's slowest, taken to have the most turns);
+``planner/stages.py`` adds them (docs/planner.md, "Multi-turn").
 """
 
 from __future__ import annotations
@@ -92,11 +103,19 @@ class LengthStats:
     mean: float
     second_moment: float
     max_tokens: float
+    env_tokens: float = 0.0  # environment tokens per trajectory (multi-turn; module docstring)
+    turn_prefills: float = 0.0  # prefills of later turns per trajectory
+    turn_prefill_tokens: float = 0.0  # context one of them prefills (mean)
+    tool_s: float = 0.0  # seconds a trajectory waits on its tools (mean)
+    tool_tail_s: float = 0.0  # the tool waits of a batch's slowest trajectory
 
     @classmethod
     def from_workload(cls, workload, steps: int = 1) -> LengthStats:
         """The statistics of the lengths a run of ``steps`` steps trains (``drift``: pooled)."""
         q = _quantile_grid(workload.response_length, steps, workload.prompts_per_step * workload.group_size)
+        turns = getattr(workload, "turns", None)
+        if turns is not None and turns.multi:
+            return _trajectories(q, float(workload.prompt_tokens), float(workload.response_length.max), turns)
         mean = sum(q) / len(q)
         m2 = sum(x * x for x in q) / len(q)
         return cls(float(workload.prompt_tokens), tuple(q), mean, m2,
@@ -109,13 +128,16 @@ class LengthStats:
 
     @property
     def sample_tokens(self) -> float:
-        """Trained tokens per response: prompt + response."""
+        """Trained tokens per response: prompt + response (+ environment tokens, multi-turn)."""
+        if self.env_tokens:
+            return self.prompt_tokens + self.mean + self.env_tokens
         return self.prompt_tokens + self.mean
 
     @property
     def train_seq_len(self) -> float:
-        """``E[(P+L)^2] / E[P+L]``: the per-token attention length of packed micro-batches."""
-        p = self.prompt_tokens
+        """``E[(P+L)^2] / E[P+L]``: the per-token attention length of packed micro-batches
+        (multi-turn: ``P`` holds the trajectory's environment tokens too)."""
+        p = self.prompt_tokens + self.env_tokens if self.env_tokens else self.prompt_tokens
         return (p * p + 2 * p * self.mean + self.second_moment) / (p + self.mean)
 
     def staggered_max(self, n: int):
@@ -158,3 +180,32 @@ class LengthStats:
             total += q * (cur - prev)
             prev = cur
         return total
+
+
+def _trajectories(q: list[float], prompt: float, max_tokens: float, turns) -> LengthStats:
+    """``LengthStats`` of whole trajectories from the per-turn grid ``q`` (module docstring)."""
+    n = len(q)
+    mean_l = sum(q) / n
+    var_l = max(0.0, sum(x * x for x in q) / n - mean_l * mean_l)
+    t = turns.mean()
+    if turns.dist == "constant":
+        var_t = 0.0
+    elif turns.dist == "uniform":
+        var_t = ((turns.max - turns.min + 1) ** 2 - 1) / 12
+    else:
+        var_t = sum(v * v for v in turns.values) / len(turns.values) - t * t
+    sd_l = math.sqrt(var_l)
+    sd = math.sqrt(t * var_l + max(0.0, var_t) * mean_l * mean_l)
+    traj = sorted(max(1.0, t * mean_l + (sd * (x - mean_l) / sd_l if sd_l > 0 else 0.0)) for x in q)
+    if sd_l == 0 and sd > 0:  # constant turn lengths, varying counts: the counts' spread alone
+        z = [NormalDist().inv_cdf((i + 0.5) / n) for i in range(n)]
+        traj = [max(1.0, t * mean_l + sd * zi) for zi in z]
+    mean = sum(traj) / n
+    env = (t - 1) * turns.env_tokens
+    later = t - 1  # later turns, each prefilling the context so far: prompt + j (L + E), j = 1 .. T - 1
+    mean_j = (var_t + t * t - t) / (2 * later) if later > 0 else 0.0  # E[T (T - 1) / 2] / E[T - 1]
+    return LengthStats(
+        prompt, tuple(traj), mean, sum(x * x for x in traj) / n, max_tokens * turns.longest(),
+        env_tokens=env, turn_prefills=later,
+        turn_prefill_tokens=prompt + mean_j * (mean_l + turns.env_tokens) if later > 0 else 0.0,
+        tool_s=t * turns.tool_latency_s, tool_tail_s=turns.longest() * turns.tool_latency_s)

@@ -69,6 +69,7 @@ class PlanResult:
     confirm_seed: int | None = None
     confirm_s: float = 0.0
     planner_pick: Envelope | None = None  # the planner's own pick, when a confirmation ran
+    policy: str = "bidirl"  # the policy planned for (its borrowing and staleness)
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -81,6 +82,7 @@ class PlanResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario,
+            "policy": self.policy,
             "steps": self.steps,
             **Candidate(self.envelope, self.prediction).to_json(),
             "alternatives": [c.to_json() for c in self.alternatives],
@@ -97,7 +99,8 @@ class PlanResult:
     def format(self) -> str:
         p = self.prediction
         lines = [f"plan for {self.scenario}: {self.envelope.label()}",
-                 f"  predicted {p.tokens_per_s:,.0f} tokens/s, step {p.step_time_s:.2f} s "
+                 f"  predicted {p.tokens_per_s:,.0f} tokens/s for policy {self.policy}, "
+                 f"step {p.step_time_s:.2f} s "
                  f"({p.regime}-bound; batch latency {p.latency_s:.2f} s, saturated rollout "
                  f"{p.rollout_s:.2f} s, train {p.train_s:.2f} s, borrow {p.borrowed})",
                  f"  models: closed form {p.steady_tokens_per_s:,.0f} tokens/s, step-by-step "
@@ -197,15 +200,18 @@ def _no_fit_error(ctx: PlanContext, scenario, rejected: list[Rejection]) -> Plan
     return PlanError(f"{head}: rejected: {by}; e.g. {first}")
 
 
-def plan(scenario, top_k: int = 5, steps: int | None = None) -> PlanResult:
-    """Choose the envelope with the best predicted throughput for ``scenario``.
+def plan(scenario, top_k: int = 5, steps: int | None = None, policy: str = "bidirl") -> PlanResult:
+    """Choose the envelope with the best predicted throughput for ``scenario`` run by ``policy``.
 
     ``steps`` is the horizon the throughput is predicted over (default: the scenario's
     ``steps``), because a short run pays the pipeline fill that a long one amortises.
+    ``policy`` sets what the predictions may borrow and the staleness they keep
+    (``context.borrow_options``): a policy that never borrows gets the split best without
+    borrowing, not one that only a lending trainer makes good.
     """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
-    ctx = PlanContext.from_scenario(scenario, steps)
+    ctx = PlanContext.from_scenario(scenario, steps, policy)
     cands: list[Candidate] = []
     rejected: list[Rejection] = []
     envs = candidate_envelopes(ctx)
@@ -225,7 +231,7 @@ def plan(scenario, top_k: int = 5, steps: int | None = None) -> PlanResult:
     cands = _break_tie(ctx, cands)
     best = cands[0]
     return PlanResult(scenario.name, best.envelope, best.prediction, cands[:top_k], rejected,
-                      len(envs), len(cands), cands, ctx.steps)
+                      len(envs), len(cands), cands, ctx.steps, policy=policy)
 
 
 def _break_tie(ctx: PlanContext, ranked: list[Candidate]) -> list[Candidate]:
@@ -239,6 +245,8 @@ def _break_tie(ctx: PlanContext, ranked: list[Candidate]) -> list[Candidate]:
     bench, the envelopes the planner missed by over 8 % were one-replica rollout pools
     carried by lent trainer units (docs/notes/2026-11-planner-experiments.md, tie rule).
     """
+    if ctx.options == ("none",):  # a policy that never borrows: nothing to lean on
+        return ranked
     top = ranked[0].prediction.tokens_per_s
     band = [i for i, c in enumerate(ranked) if not c.prediction.screened_out
             and c.prediction.tokens_per_s >= (1 - TIE) * top]

@@ -23,7 +23,6 @@ from bidirl.planner.envelope import Envelope
 from bidirl.planner.pipeline import Pipeline, Timeline
 from bidirl.planner.stages import _aux_theta, _Model, _model
 
-OPTIONS = ("none", "roll_on_train", "train_on_roll", "both")
 HORIZON_STEPS = 32  # the recurrence follows at most this many steps, then extrapolates
 _WITHOUT_AUX = {"train_on_roll": "none", "both": "roll_on_train"}
 
@@ -42,7 +41,7 @@ class Prediction:
     running_per_replica: float  # b at the steady state
     weight_sync_s: float
     no_borrow_step_s: float
-    borrowed: str  # one of OPTIONS (the steady-state model's choice)
+    borrowed: str  # one of context.OPTIONS (the steady-state model's choice)
     lent_windows: int = 0  # recurrence: idle windows that lent trainer units to rollout
     aux_steps: int = 0  # recurrence: steps that used auxiliary trainers
     first_lend: int | None = None  # units the policy lends at t = 0 on its priors (cold_start)
@@ -59,11 +58,12 @@ class Prediction:
 
 
 
-def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
+def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] | None = None,
             pipeline: bool = True, first_lend: int | None = None, screen: bool = False) -> Prediction:
     """Predicted throughput of a hot-switch-compatible (sized) envelope.
 
-    Each borrowing option in ``options`` is solved; the best predicted throughput wins
+    Each borrowing option in ``options`` (default: those of the context's policy,
+    ``ctx.options``) is solved; the best predicted throughput wins
     (``none`` on ties), as the runtime lends only when it pays.  The prediction is the
     geometric mean of the steady-state closed form and the step-by-step recurrence
     (``pipeline``); ``pipeline=False`` gives the closed form alone (the planner's screen).
@@ -78,6 +78,7 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
     batches in flight (``stages._tail``, about a millisecond); ``with_pipeline`` redoes
     it drained.
     """
+    options = ctx.options if options is None else options
     lends = bool({"roll_on_train", "both"} & set(options))
     if pipeline and lends and first_lend is None:
         first_lend = first_window_units(ctx, env)
@@ -122,12 +123,13 @@ def predict(ctx: PlanContext, env: Envelope, options: tuple[str, ...] = OPTIONS,
 
 
 def with_pipeline(ctx: PlanContext, env: Envelope, closed: Prediction,
-                  options: tuple[str, ...] = OPTIONS, m: _Model | None = None) -> Prediction:
+                  options: tuple[str, ...] | None = None, m: _Model | None = None) -> Prediction:
     """A closed-form prediction completed with the recurrence: ``sqrt(A x B)``.
 
     A screen's closed form that assumed a lend at the fill is redone when the policy,
     asked now, declines it.
     """
+    options = ctx.options if options is None else options
     lend_roll = bool({"roll_on_train", "both"} & set(options))
     if closed.screen:  # the screen's estimate: the closed form with drained tails
         closed = predict(ctx, env, options, pipeline=False, first_lend=closed.first_lend)

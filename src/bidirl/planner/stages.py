@@ -45,7 +45,7 @@ class _Model:
     group_size: int
     first_running: float  # sequences per replica in flight when the run starts
     prefill_step_s: float  # replica-seconds of prefill per batch
-    prefill_group_s: float
+    prefill_group_s: float  # a group's prefill (+ the tool waits of its slowest trajectory): ends a tail
     micro_count: float  # micro-batches per step (the last one partial)
     micro_s: float  # one full micro-batch on a primary rank
     aux_micro_s: float  # one full micro-batch on an auxiliary trainer (rollout_tp devices)
@@ -98,9 +98,16 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
     c_roll, c_roll_in, c_train = _switch_costs(ctx, env)
     residual = ctx._cached(("residual", 0), lambda: Residual(L.quantiles))  # one per plan
     group_slots = max(1, env.rollout_concurrency // ctx.group_size)
+    cap = group_slots * ctx.group_size * L.mean / ctx.expected_max(ctx.group_size)
+    beta = cc + k * (L.running_context + L.env_tokens / 2 if L.env_tokens else L.running_context)
+    if L.turn_prefills:  # multi-turn: later turns re-prefill their contexts, pausing the replica's decode
+        beta += L.turn_prefills * rm.prefill_s(L.turn_prefill_tokens) / L.mean  # their share per decoded token
+    if L.tool_s:  # multi-turn: a trajectory on its tool holds its group's slot but does not decode
+        decode_s = L.mean * (a + beta * cap)
+        cap *= decode_s / (decode_s + L.tool_s)
     return _Model(
-        a=a, beta=cc + k * L.running_context,
-        cap=group_slots * ctx.group_size * L.mean / ctx.expected_max(ctx.group_size),
+        a=a, beta=beta,
+        cap=cap,
         group_slots=group_slots,
         tokens=generated * L.mean,
         longest_replica=ctx.expected_max(per_replica),
@@ -109,7 +116,8 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
         group_size=ctx.group_size,
         first_running=(ctx.staleness + 1) * generated * L.mean
         / (env.rollout_replicas * ctx.expected_max(generated)),
-        prefill_step_s=ctx.generated_groups_per_step * prefill_group, prefill_group_s=prefill_group,
+        prefill_step_s=ctx.generated_groups_per_step * prefill_group,
+        prefill_group_s=prefill_group + L.tool_tail_s,
         micro_count=full + (t_rest / t_full if t_full > 0 else 0.0), micro_s=t_full,
         aux_micro_s=t_aux, max_rank_s=max_rank,
         overhead_s=tm.sync_s(env.train_dp, spans) + tm.optimizer_s(), weight_sync_s=w,

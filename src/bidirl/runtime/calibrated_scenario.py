@@ -39,7 +39,11 @@ What the scenario holds, and where each figure comes from:
   run had, so lengths that shift over the run are replayed as they shifted.  A run with
   dynamic sampling (``algorithm.filter_groups``) adds ``keep_rate``: the share of groups
   kept, fitted as a line over the versions the groups completed at (``keep_rate_fit``), and
-  ``max_num_gen_batches``; its lengths are every generated group's, cycled.
+  ``max_num_gen_batches``; its lengths are every generated group's, cycled.  Images add
+  ``images_per_prompt``, ``image_pixels``, ``image_bytes`` (their time is in the fits).
+  A multi-turn run adds ``turns`` (measured turns per trajectory, its time off the replicas
+  per environment turn, environment tokens per reply) and writes its response lengths per
+  model turn (``runtime/calibrated_workload.py``; the trajectories go to ``profile.jsonl``).
 
 ``scenario_dict(RunFacts)`` is pure (tested on a fake run); ``write`` gathers the facts
 from a finished executor and writes both files.
@@ -60,6 +64,7 @@ from bidirl.controller.cluster import ClusterSpec
 from bidirl.controller.events import GroupsCompleted, StageMeasured, TrainStepFinished, WeightsSynced
 from bidirl.perf.calibration import LinearTimeModel
 from bidirl.perf.scenario import from_dict
+from bidirl.runtime.calibrated_workload import keep_rate_fit, response_lengths, trajectory_records, workload_turns
 from bidirl.runtime.config import load_config
 from bidirl.runtime.rollout_driver import DECODE_REMAINDER
 from bidirl.runtime.run_spec import build_spec
@@ -94,6 +99,9 @@ class RunFacts:
     throughput_tokens_per_s: float | None = None  # what the run measured (for the description)
     micro_batch_samples: int | None = None  # the trainer's sequences per micro-batch
     max_num_gen_batches: int = 0  # dynamic sampling's cap (algorithm.filter_groups)
+    images_per_prompt: float = 0.0  # images in the trained prompts; each one's mean pixels and bytes
+    image_pixels: int = 0
+    image_bytes: int = 0
 
 
 def model_entry(spec: ClusterSpec) -> str | dict:
@@ -180,43 +188,6 @@ def _startup(records: list[dict]) -> float:
     return max(0.0, first["t"] - first["seconds"]) if first else 0.0
 
 
-def response_lengths(records: list[dict], groups: int | None, group_size: int) -> list[int]:
-    """Every trained response's length, in group-id order (groups ``0 .. groups-1``; None:
-    every group that completed, as a run with dynamic sampling generated them)."""
-    by_group: dict[int, list[int]] = {}
-    for r in records:
-        if r["event"] == "GroupsCompleted":
-            for g, lens in zip(r["group_ids"], r["response_lengths"]):
-                if groups is None or g < groups:
-                    by_group[g] = [max(1, int(x)) for x in lens][:group_size]
-    return [x for g in sorted(by_group) for x in by_group[g]]
-
-
-def keep_rate_fit(records: list[dict], steps: int) -> dict | None:
-    """Dynamic sampling's keep rate as the simulator's ``workload.keep_rate``: a least-squares
-    line of "kept" (1 or 0) over the version each group completed at (the steps finished
-    before it), its values at version 0 and ``steps - 1``, within [0.01, 1].  None: the run
-    filtered nothing."""
-    finished = sorted(r["t"] for r in records if r["event"] == "TrainStepFinished")
-    points = []
-    for r in records:
-        if r["event"] == "GroupsCompleted" and "filtered" in r:
-            version = sum(1 for t in finished if t <= r["t"])
-            points += [(version, 0.0 if f else 1.0) for f in r["filtered"]]
-    if not points or all(y == 1.0 for _, y in points):
-        return None
-    n = len(points)
-    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    var = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / var if var > 0 else 0.0
-
-    def clip(v: float) -> float:
-        return round(min(1.0, max(0.01, v)), 4)
-
-    start, end = clip(my - slope * mx), clip(my + slope * (max(1, steps) - 1 - mx))
-    return {"start": start, "end": end} if end != start else {"start": start}
-
-
 def scenario_dict(f: RunFacts) -> dict:
     """The run as a scenario mapping (checked by the schema: ``perf.scenario.from_dict``)."""
     recs = f.profile
@@ -252,6 +223,7 @@ def scenario_dict(f: RunFacts) -> dict:
     lengths = response_lengths(recs, None if keep else f.steps * f.prompts_per_step, f.group_size)
     if not lengths:
         raise ValueError("the run completed no group: nothing to calibrate a scenario from")
+    turns = workload_turns(recs, f.max_new_tokens)  # multi-turn: turns, tool time, per-turn lengths
     notes = ", ".join(f"{s} {n} samples, median error {e:.3f}, mean scale {k:.2f}"
                       for s, (n, e, k) in fit_notes.items())
     measured_tps = (f" measured {f.throughput_tokens_per_s:,.0f} tokens/s;"
@@ -259,16 +231,23 @@ def scenario_dict(f: RunFacts) -> dict:
     return {
         "name": f.name,
         "description": (f"calibrated from a real run ({f.policy}, {f.steps} steps);{measured_tps} fits: {notes}"
-                        + (f"; rollout busy / measured {busy:.3f}" if busy else "")),
+                        + (f"; rollout busy / measured {busy:.3f}" if busy else "")
+                        + (f"; {turns['note']}" if turns else "")
+                        + ("; images: the vision tower's time is inside the measured prefill and train fits"
+                           if f.images_per_prompt else "")),
         "hardware": f.hardware, "model": f.model,
         "devices": f.rollout_devices + f.train_devices,
         "staleness": f.staleness, "steps": f.steps, "seed": f.seed,
         "workload": {
             "prompts_per_step": f.prompts_per_step, "group_size": f.group_size,
             "prompt_tokens": max(1, round(f.prompt_tokens)),
-            "response_length": {"dist": "empirical", "min": 1, "max": max(f.max_new_tokens, max(lengths)),
-                                "values": lengths, **({"order": "cycle"} if keep else {})},
+            "response_length": turns["response_length"] if turns else {
+                "dist": "empirical", "min": 1, "max": max(f.max_new_tokens, max(lengths)), "values": lengths,
+                **({"order": "cycle"} if keep else {})},
+            **({"turns": turns["turns"]} if turns else {}),
             **({"keep_rate": keep, "max_num_gen_batches": f.max_num_gen_batches} if keep else {}),
+            **({"images_per_prompt": max(1, round(f.images_per_prompt)), "image_pixels": f.image_pixels,
+                "image_bytes": f.image_bytes} if f.images_per_prompt else {}),
         },
         "pools": {"rollout_devices": f.rollout_devices, "train_devices": f.train_devices, "rollout_tp": 1,
                   "train": {"dp": f.train_devices, "tp": 1}},
@@ -302,22 +281,30 @@ def facts(cfg, rt, intervals=None, wall: float | None = None) -> RunFacts:
     samples = sum(len(r.staleness) for r in steps) * spec.group_size
     prompt = (sum(r.total_tokens - r.response_tokens for r in steps) / samples if samples
               else float(spec.prompt_tokens))
+    trajs = getattr(rt.rollout, "trajectory_stats", ())
+    if trajs and samples:  # multi-turn: the trained tokens beyond the model's hold the environment's too
+        prompt -= sum(x[3] for x in trajs) / len(trajs)
     wall = rt.now() if wall is None else wall
     tokens = sum(r.total_tokens for r in steps)
     busy = None
     if intervals:
         busy = sum(iv.duration_s for iv in intervals if iv.role == "rollout" and iv.activity == "busy"
                    and iv.label == "rollout")
+    images, groups = sum(r.images for r in steps), sum(len(r.staleness) for r in steps)
     return RunFacts(
         name="calibrated", policy=cfg.scheduler.policy, hardware=spec.hardware, model=model_entry(spec),
         rollout_devices=spec.n_replicas, train_devices=len(spec.train_devices), staleness=spec.staleness,
         seed=cfg.run.seed, steps=len(steps), prompts_per_step=spec.groups_per_step, group_size=spec.group_size,
         prompt_tokens=prompt, max_new_tokens=spec.max_response_tokens, micro_batch_tokens=spec.micro_batch_tokens,
         micro_batch_samples=spec.micro_batch_samples, replica_cap=spec.replica_cap,
-        profile=profile_records(rt.profile), switches=list(rt.switches),
+        profile=profile_records(rt.profile) + trajectory_records(getattr(rt.rollout, "trajectory_stats", ())),
+        switches=list(rt.switches),
         priors={s: list(m.theta) for s, m in est.models.items() if s in STAGES},
         rollout_busy_s=busy, throughput_tokens_per_s=tokens / wall if wall > 0 else None,
-        max_num_gen_batches=spec.max_gen_batches)
+        max_num_gen_batches=spec.max_gen_batches,
+        images_per_prompt=images / groups if groups else 0.0,
+        image_pixels=sum(r.image_pixels for r in steps) // max(1, images),
+        image_bytes=sum(r.image_bytes for r in steps) // max(1, images))
 
 
 def write(run_dir: Path, cfg, rt, intervals=None, wall: float | None = None) -> Path | None:

@@ -264,7 +264,9 @@ def _boundary_state(next_step: int, ex, store, cursor, rewards_by_step: dict[int
     (``next_group``: with filtered groups replaced, a step's groups are not a run of ids)
     and the rewards."""
     partials = []
-    for u in ex.rollout.serving():
+    # A multi-turn run keeps no trajectory in flight: its environment's state cannot be saved,
+    # so a resumed run starts those trajectories again from ``reset`` (what finished is kept).
+    for u in ex.rollout.serving() if ex.rollout.hub is None else ():
         partials += ex.call_now(ex.unit_device(u), "call", "rollout", "snapshot")
     ex.rollout.sync_batches()  # the steps the controller has the groups in now
     state = store.state_dict()

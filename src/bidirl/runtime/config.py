@@ -63,7 +63,8 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: str | None = option("reverse", "a built-in task (reverse, copy, add, reverse_long, reverse_mixed); "
+    task: str | None = option("reverse", "a built-in task (reverse, copy, add, reverse_long, reverse_mixed; "
+                              "shapes, with images; kv_lookup, guess_number: multi-turn, with a tool); "
                               "ignored when files is set")
     files: list[str] = option(default_factory=list, doc="veRL-style .parquet / .jsonl files (key=a,b)")
     reward_fn: str | None = option(None, "path to a .py file defining compute_score(...)")
@@ -98,7 +99,7 @@ class DataConfig:
 class RolloutConfig:
     prompts_per_step: int = option(8, "prompt groups per training step", ge=1)
     group_size: int = option(8, "responses per prompt (GRPO's n; GRPO normalises within a group)", ge=2)
-    max_new_tokens: int = option(16, "longest response (tokens)", ge=1, le=4096)
+    max_new_tokens: int = option(16, "longest response (tokens); multi-turn: a model turn's", ge=1, le=4096)
     max_new_tokens_start: int | None = option(
         None, "a length curriculum: the response cap at step 0, growing linearly to max_new_tokens "
         "at the last step (the bottleneck moves from training to rollout); null: max_new_tokens "
@@ -146,8 +147,7 @@ class ClusterConfig:
 @dataclass
 class EnvConfig:
     path: str | None = option(None, "a .py file defining a multi-turn environment class (docs/environments.md); "
-                              "null: single-turn rollouts (not wired into the runtime yet: a set path is refused "
-                              "at start-up)")
+                              "null: single-turn rollouts")
     name: str = option("Environment", "the environment class's name in path: reset(self, row) -> messages, "
                        "step(self, text) -> (messages, reward, done), plain or async def")
     max_turns: int = option(4, "model turns per trajectory; one not done by then ends as max_turns", ge=1)

@@ -54,6 +54,7 @@ from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.rollout_driver import RolloutDriver
 from bidirl.runtime.train_driver import TrainDriver
 
+ENV_POLL_S = 0.02  # how often the loop looks at the episodes while one is in its environment (multi-turn)
 _PROFILED = (StageMeasured, WeightsSynced, GroupsCompleted, TrainStepFinished)
 
 
@@ -70,6 +71,7 @@ class Job:
     ids: GroupIds = field(default_factory=GroupIds)  # resume: controller ids are local, the store's global
     version_offset: int = 0
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # the advantage estimator's settings
+    hub: Any = None  # multi-turn: the run's ``runtime/trajectories.TrajectoryHub``; None: one turn per response
 
 
 @dataclass
@@ -156,16 +158,25 @@ class DeviceExecutor:
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         self.pump.deliver(Started())
         while True:
+            self.rollout.pump_trajectories()
+            if self.validator is not None:
+                self.validator.pump()
             self.pump.pump()
             self._refresh_clock()
             if self.controller.finished or should_stop():
                 return
+            # An episode in its environment hands over work without a call finishing: look again soon.
+            in_env = self.rollout.waiting_on_environment() or (
+                self.validator is not None and self.validator.waiting_on_environment())
             if not self.calls:
+                if in_env:
+                    time.sleep(ENV_POLL_S)
+                    continue
                 st = self.controller.state
                 raise RuntimeError(
                     f"runtime stalled: nothing in flight and the run is not finished (next step {st.next_step}, "
                     f"phase {st.phase.value}, running groups {st.running}, done per batch {st.queue.done[:8]})")
-            if not self.calls.dispatch(5.0, self._device_lost):
+            if not self.calls.dispatch(ENV_POLL_S if in_env else 5.0, self._device_lost):
                 time.sleep(0.001)
             self._refresh_clock()
 

@@ -74,6 +74,7 @@ class GroupRecord:
     images: tuple[bytes, ...] = ()  # the prompt's images, encoded; prompt_ids hold one placeholder each
     image_tokens: int = 0  # tokens the images add once their placeholders are expanded
     train_prompt_ids: list[int] | None = None  # the prompt as the trainer sees it (expanded); None: prompt_ids
+    row: dict | None = None  # multi-turn: the data row (veRL's layout) its environments are reset with
 
     @property
     def complete(self) -> bool:
@@ -108,7 +109,7 @@ class GroupStore:
 
     def add(self, group_id: int, prompt_uid: str, prompt_ids: list[int], data_source: str,
             ground_truth: Any, extra_info: dict | None = None, images: tuple[bytes, ...] = (),
-            train_prompt_ids: list[int] | None = None) -> GroupRecord:
+            train_prompt_ids: list[int] | None = None, row: dict | None = None) -> GroupRecord:
         """A new group.  With ``images``, ``prompt_ids`` holds one placeholder per image (what
         vLLM is sent) and ``train_prompt_ids`` the same prompt with each expanded (what the
         trainer computes on)."""
@@ -118,7 +119,7 @@ class GroupStore:
         rec = GroupRecord(group_id, prompt_uid, list(prompt_ids), data_source, ground_truth,
                           dict(extra_info or {}), self.n, images=tuple(images),
                           image_tokens=len(trained) - len(prompt_ids) if trained is not None else 0,
-                          train_prompt_ids=trained)
+                          train_prompt_ids=trained, row=row)
         self.groups[group_id] = rec
         return rec
 
@@ -183,6 +184,9 @@ class GroupStore:
             rec.extras.clear()
             rec.unshaped.clear()
             for i in range(rec.n):
+                if rec.done[i].env_reward is not None:  # a trajectory: its episode's return is its reward
+                    rec.rewards[i] = rec.unshaped[i] = rec.done[i].env_reward
+                    continue
                 text = decode(rec.done[i].token_ids)
                 value, raw = call_reward(reward_fn, rec.data_source, text, rec.ground_truth, rec.extra_info)
                 if value is None:
@@ -278,6 +282,23 @@ class GroupStore:
                     sums.setdefault(k, []).append(v)
         return {k: sum(v) / len(v) for k, v in sums.items()}
 
+    def trajectory_means(self, group_ids) -> dict[str, float]:
+        """Multi-turn figures of these groups' trajectories (veRL-like names, per step): model
+        turns, environment time, model and environment tokens, and the share of each outcome."""
+        done = [r for g in group_ids if g in self.groups
+                for r in self.groups[g].done.values() if r.loss_mask is not None]
+        if not done:
+            return {}
+        n = len(done)
+        out = {"multi_turn/turns_mean": sum(r.turns for r in done) / n,
+               "multi_turn/turns_max": float(max(r.turns for r in done)),
+               "multi_turn/env_seconds_mean": sum(r.env_seconds for r in done) / n,
+               "multi_turn/model_tokens_mean": sum(sum(r.loss_mask) for r in done) / n,
+               "multi_turn/env_tokens_mean": sum(len(r.loss_mask) - sum(r.loss_mask) for r in done) / n}
+        for outcome in sorted({r.outcome for r in done}):
+            out[f"multi_turn/outcome/{outcome}"] = sum(r.outcome == outcome for r in done) / n
+        return out
+
     def pop(self, group_id: int) -> GroupRecord:
         return self.groups.pop(group_id)
 
@@ -303,7 +324,8 @@ class GroupStore:
             images = tuple(base64.b64decode(b) for b in g.get("images", ()))
             rec = GroupRecord(g["group_id"], g["prompt_uid"], g["prompt_ids"], g["data_source"],
                               g["ground_truth"], g["extra_info"], g["n"], images=images,
-                              image_tokens=g.get("image_tokens", 0), train_prompt_ids=g.get("train_prompt_ids"))
+                              image_tokens=g.get("image_tokens", 0), train_prompt_ids=g.get("train_prompt_ids"),
+                              row=g.get("row"))
             rec.done = {r["index"]: ResponseResult(**{**r, "images": images}) for r in g["done"]}
             rec.partial = {r["index"]: ResponseResult(**{**r, "images": images}) for r in g["partial"]}
             rec.batch = g.get("batch")  # a checkpoint from before it was kept: None (ids were steps)

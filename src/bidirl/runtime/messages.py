@@ -75,6 +75,18 @@ class ResponseResult:
     images: tuple[bytes, ...] = ()
     """The prompt's images (``ResponseRequest.images``): a partial resumes with them elsewhere."""
     image_tokens: int = 0
+    # A multi-turn trajectory (``runtime/trajectories.py``): the response's tokens hold every
+    # turn after the prompt, the environment's masked out of the loss; None on a single turn.
+    loss_mask: list[int] | None = None
+    """1 on the model's tokens, 0 on the environment's (trajectories only)."""
+    env_reward: float | None = None
+    """The episode's return: its training reward in place of the reward function's."""
+    outcome: str | None = None
+    """How the episode ended (``algo/episode.OUTCOMES``)."""
+    turns: int = 0
+    """The model's turns in it."""
+    env_seconds: float = 0.0
+    """Wall time in the environment's calls."""
 
     @classmethod
     def start(cls, r: ResponseRequest) -> ResponseResult:

@@ -3,7 +3,7 @@
 ``bidirl train`` calls these in order, and each fails in seconds on a bad input rather than
 after the whole start-up: ``check_model_shape`` (a model vLLM cannot run on the device),
 ``prepare_data`` (the prompt rows and the reward function, tried once; a multi-turn
-``env.path`` refused, ``refuse_environment``), ``prepare_val_rows``,
+``env.path``'s class loaded and checked), ``prepare_val_rows``,
 ``prepare_model`` (the user's model directory, or bidirl's tiny model plus a warm start),
 then ``fit_prompts`` (every prompt measured with the run's tokenizer, or processor when
 rows hold images: vLLM's ``max_model_len``, over-long prompts dropped or refused).
@@ -13,6 +13,7 @@ store and the validator is ``runtime/prompt_stream.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -25,6 +26,7 @@ from bidirl.algo import tasks_visual  # noqa: F401  (registers the visual task "
 from bidirl.algo.data import DataError, load_reward_fn, validate_row
 from bidirl.algo.environment import load_environment
 from bidirl.algo.multimodal import image_prompt_lengths, load_prompt_rows, validate_image_row
+from bidirl.algo.tasks_tools import TOOL_TASKS
 from bidirl.engines.hf_io import is_vision_language
 from bidirl.models.tiny import build_tiny_model, encode_prompt
 from bidirl.models.tiny_vl import build_tiny_vl_model
@@ -33,6 +35,7 @@ from bidirl.models.warm_start_vl import warm_start_vl
 from bidirl.runtime.config import ConfigError, TrainConfig
 from bidirl.runtime.model_check import check_model_dir, cpu_head_sizes
 from bidirl.runtime.reward_call import BadRewardError, RewardFn, call_reward, describe_bad_reward
+from bidirl.runtime.trajectories import is_multi_turn, tool_task
 from bidirl.runtime.validation import BUILTIN_VAL_ROWS
 
 MODELS_CACHE = Path(os.environ.get("BIDIRL_CACHE", Path.home() / ".cache" / "bidirl")) / "models"
@@ -60,7 +63,8 @@ def prepare_model(cfg: TrainConfig) -> str:
 def _warm_start_steps(cfg: TrainConfig, task: str) -> int:
     """``model.warm_start_steps``, or when null the task's own (a binary-reward task needs more)."""
     steps = cfg.model.warm_start_steps
-    return task_lib.get_task(task).warm_start_steps if steps is None else steps
+    own = TOOL_TASKS[task] if task in TOOL_TASKS else task_lib.get_task(task)
+    return own.warm_start_steps if steps is None else steps
 
 
 def _prepare_tiny_vl(cfg: TrainConfig) -> str:
@@ -74,8 +78,8 @@ def _prepare_tiny_vl(cfg: TrainConfig) -> str:
     steps = _warm_start_steps(cfg, task)
     if steps <= 0:
         return str(base)
-    out = MODELS_CACHE / f"{base.name}-sft-{task}-{steps}"
-    print(f"[bidirl] warm start: {steps} SFT steps on {task} (images) -> {out}", file=sys.stderr)
+    out = MODELS_CACHE / f"{base.name}-sft-{task}-format-{steps}"  # random answers: the format only
+    print(f"[bidirl] warm start: {steps} SFT steps on {task} (images, the format) -> {out}", file=sys.stderr)
     warm_start_vl(base, out, task=task, steps=steps, seed=cfg.run.seed)
     return str(out)
 
@@ -86,15 +90,29 @@ def prepare_data(cfg: TrainConfig):
     The reward comes as a ``RewardFn`` carrying ``data.on_bad_reward`` (which
     ``GroupStore.score`` applies) and has been tried once on the first row.
     """
-    refuse_environment(cfg)
+    if cfg.env.path is not None:  # the user's environment, checked before anything slow (one line per problem)
+        load_environment(cfg.env.path, cfg.env.name)
+        if cfg.model.kind == "vl":
+            raise ConfigError("env.path: multi-turn rollouts take text prompts; model.kind=vl (images) is not "
+                              "supported with an environment yet")
+    if is_multi_turn(cfg) and cfg.data.reward_fn:  # an episode's return is its reward: it would be ignored
+        raise ConfigError("data.reward_fn: a multi-turn run is scored by its environment's step rewards; "
+                          "score the final answer in the environment's step (docs/environments.md)")
+    tool = tool_task(cfg)
     if cfg.data.files:
         rows = load_files(cfg, cfg.data.files, "data")
+    elif tool is not None:  # a built-in multi-turn task: its environment scores (runtime/trajectories.py)
+        if cfg.rollout.max_new_tokens < tool.turn_tokens:
+            raise ConfigError(f"rollout.max_new_tokens: {cfg.rollout.max_new_tokens} is a model turn's cap, and "
+                              f"data.task={tool.name}'s turns need {tool.turn_tokens}; set "
+                              f"rollout.max_new_tokens={tool.turn_tokens} or more")
+        rows = [validate_row(r, f"<task {tool.name}>", i) for i, r in enumerate(tool.rows(4096, seed=cfg.data.seed))]
     else:
         try:
             task = task_lib.get_task(cfg.data.task)
         except (KeyError, ValueError):
             raise ConfigError(f"data.task: {cfg.data.task!r} not allowed; one of "
-                              f"{', '.join(task_lib.task_names())}") from None
+                              f"{', '.join([*task_lib.task_names(), *TOOL_TASKS])}") from None
         rows = [_task_row(cfg, r, f"<task {task.name}>", i) for i, r in enumerate(task.rows(4096, seed=cfg.data.seed))]
     if cfg.data.reward_fn:
         fn = load_reward_fn(cfg.data.reward_fn, cfg.data.reward_fn_name)
@@ -103,21 +121,9 @@ def prepare_data(cfg: TrainConfig):
         fn, name = task_lib.compute_score, "the built-in compute_score"
     reward_fn = RewardFn(fn, cfg.data.on_bad_reward, name, cfg.data.reward_timeout_s)
     check_images_fit_model(cfg, rows, "data")
-    if rows:
+    if not is_multi_turn(cfg) and rows:
         check_reward_fn(reward_fn, rows[0])
     return rows, reward_fn
-
-
-def refuse_environment(cfg: TrainConfig) -> None:
-    """``env.path`` set: the user's class is loaded and checked (``algo/environment.py``, its
-    errors one line each), then the run is refused in one line, honestly: multi-turn rollouts
-    (``algo/episode.py``) are not wired into the rollout role and driver yet."""
-    if cfg.env.path is None:
-        return
-    load_environment(cfg.env.path, cfg.env.name)
-    raise ConfigError(f"env.path: {cfg.env.path} ({cfg.env.name}) loads and passes its checks, but multi-turn "
-                      "rollouts are not wired into the runtime yet (docs/environments.md, what runs today); unset "
-                      "env.path to train single-turn")
 
 
 def load_files(cfg: TrainConfig, files, what: str) -> list:
@@ -169,8 +175,12 @@ def prepare_val_rows(cfg: TrainConfig) -> list:
         return rows if n < 0 else rows[:n]
     if cfg.data.files:
         return []  # user data with no validation files: nothing to validate on
-    task = task_lib.get_task(cfg.data.task)  # prepare_data has checked the name
     n = BUILTIN_VAL_ROWS if n < 0 else n
+    tool = tool_task(cfg)
+    if tool is not None:  # episodes of the task's environment (runtime/validation_episodes.py)
+        return [validate_row(r, f"<task {tool.name}, split test>", i)
+                for i, r in enumerate(tool.rows(n, seed=cfg.data.seed, split="test"))]
+    task = task_lib.get_task(cfg.data.task)  # prepare_data has checked the name
     return [_task_row(cfg, r, f"<task {task.name}, split test>", i)
             for i, r in enumerate(task.rows(n, seed=cfg.data.seed, split="test"))]
 
@@ -326,6 +336,10 @@ def fit_prompts(cfg: TrainConfig, rows: list, tok, model_dir: str | Path | None 
                         val_filtered=val_over,
                         max_images=max((len(getattr(r, "images", ())) for r in kept + val_kept), default=0))
     context = model_context(model_dir)
+    if is_multi_turn(cfg):  # a trajectory's turns follow its prompt: room for env.max_total_tokens more
+        want = fit.max_model_len + cfg.env.max_total_tokens
+        fit = dataclasses.replace(fit, max_model_len=want if context is None else max(fit.max_model_len,
+                                                                                      min(want, context)))
     if context is not None and fit.max_model_len > context:
         raise ConfigError(f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({new}) = "
                           f"{fit.max_model_len} tokens is over the model's context of {context} "

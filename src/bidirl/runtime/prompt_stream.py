@@ -18,6 +18,7 @@ from bidirl.models.tiny import encode_prompt, load_tokenizer
 from bidirl.runtime.config import TrainConfig
 from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.prepare import PromptLengths
+from bidirl.runtime.trajectories import verl_row
 from bidirl.runtime.validation import ValSet
 
 
@@ -59,8 +60,9 @@ class PromptStream:
     prompt is encoded once (the chat template applied; images through the processor) and
     kept for the row's next turn."""
 
-    def __init__(self, cursor: PromptCursor, store: GroupStore, tok) -> None:
-        self.cursor, self.store, self.tok = cursor, store, tok
+    def __init__(self, cursor: PromptCursor, store: GroupStore, tok, keep_rows: bool = False) -> None:
+        """``keep_rows``: each group keeps its data row (multi-turn: its environments are reset with it)."""
+        self.cursor, self.store, self.tok, self.keep_rows = cursor, store, tok, keep_rows
         self.text_tok = getattr(tok, "tokenizer", tok)  # a processor's tokenizer decodes
         self._prompts: dict[int, tuple[list[int], tuple[bytes, ...], list[int] | None]] = {}
 
@@ -72,7 +74,7 @@ class PromptStream:
             self._prompts[key] = encode_row(self.tok, item.row)
         ids, images, train_ids = self._prompts[key]
         self.store.add(gid, item.uid, ids, item.row.data_source, item.row.ground_truth, item.row.extra_info,
-                       images, train_ids)
+                       images, train_ids, row=verl_row(item.row) if self.keep_rows else None)
 
     def decode(self, ids) -> str:
         """A response's text, as the reward function reads it."""

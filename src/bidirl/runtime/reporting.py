@@ -32,7 +32,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bidirl.obs.accounting import PoolTime, borrowed_seconds, pool_times
@@ -54,12 +54,15 @@ class StepGroups:
     """A dict reward's extra keys, averaged."""
     response_lengths: list[int]
     prompt_lengths: list[int]
+    multi_turn: dict[str, float] = field(default_factory=dict)
+    """Trajectories' turns, environment time, tokens and outcomes (``GroupStore.trajectory_means``)."""
 
     @classmethod
     def read(cls, store, group_ids) -> StepGroups:
         return cls(store.bad_count(group_ids), store.extra_means(group_ids),
                    [len(store.groups[g].done[i].token_ids) for g in group_ids for i in range(store.n)],
-                   [len(store.groups[g].trained_prompt_ids) for g in group_ids])
+                   [len(store.groups[g].trained_prompt_ids) for g in group_ids],
+                   store.trajectory_means(group_ids))
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,15 @@ def step_metrics(rec, groups: StepGroups, seen: SinceLastStep, max_new_tokens: i
                     ("lr", "actor/lr"), ("grad_norm", "actor/grad_norm"), ("skipped_steps", "actor/skipped_steps"),
                     ("rollout_is_mean", "rollout_corr/rollout_is_mean"),
                     ("rollout_is_max", "rollout_corr/rollout_is_max"),
-                    ("rollout_is_fraction_high", "rollout_corr/rollout_is_ratio_fraction_high")):
+                    ("rollout_is_fraction_high", "rollout_corr/rollout_is_ratio_fraction_high"),
+                    ("reward_kl_penalty", "actor/reward_kl_penalty"),
+                    ("reward_kl_penalty_coeff", "actor/reward_kl_penalty_coeff"),
+                    ("rewards_mean", "critic/rewards/mean")):
         if k in rec.metrics:
             m[name] = rec.metrics[k]
     for k, v in groups.extra_means.items():
         m[f"reward/extra/{k}"] = v
+    m.update(groups.multi_turn)
     if seen.gen_s is not None:
         m["timing_s/gen"] = seen.gen_s
     if seen.syncs_s:
@@ -259,12 +266,18 @@ class StepReporter:
         for g in rec.group_ids[:n]:
             grp = store.groups[g]
             r = grp.done[0]
-            prompt = self.decode_prompt(grp.prompt_ids) if self.decode_prompt else str(grp.prompt_ids)
+            turns = r.loss_mask is not None  # a trajectory: its own prompt, and every turn with its role tags
+            ids = r.prompt_ids if turns else grp.prompt_ids
+            prompt = self.decode_prompt(ids) if self.decode_prompt else str(ids)
+            response = (self.decode_prompt(r.token_ids) if turns and self.decode_prompt
+                        else self.ex.job.decode(r.token_ids))
             out.append({"kind": "train", "step": rec.step, "version": min(r.versions) if r.versions else None,
                         "data_source": grp.data_source, "prompt": prompt,
-                        "response": self.ex.job.decode(r.token_ids), "score": grp.rewards.get(0),
+                        "response": response, "score": grp.rewards.get(0),
                         "ground_truth": grp.ground_truth if isinstance(grp.ground_truth, (str, int, float))
                         else str(grp.ground_truth)})
+            if turns:
+                out[-1].update(turns=r.turns, outcome=r.outcome, env_seconds=round(r.env_seconds, 4))
         self._write_samples(rec.step, "train", out)
 
     def _write_samples(self, step: int, kind: str, records: list[dict]) -> None:

@@ -10,6 +10,15 @@ With DAPO's dynamic sampling (``algorithm.filter_groups.enable``) a group is sco
 moment it completes and judged (``algo/dynamic_sampling.zero_spread`` on its training
 rewards): the verdict goes to the controller in ``GroupsCompleted.filtered``, and a filtered
 group stays in the store, marked, until its step is recorded (``runtime/boundary.py``).
+
+Multi-turn (``job.hub``, ``runtime/trajectories.py``): a response is a trajectory; what a
+replica generates is one model turn of it at a time.  A finished turn goes back to its
+episode (``turn_done``), not to the store; the episode's next turn comes out of the hub
+(``pump_trajectories``, every pass of the executor's loop) and goes to the replica that holds
+its group now, or waits (``parked``) while the group has none, after a reclaim; a finished
+trajectory goes to the store as a finished response.  A reclaimed replica's partial turns
+resume elsewhere with their prefix (or, in reproducible mode, from the turn's start), as
+single-turn partials do; a lost device's turns restart from their start.
 """
 
 from __future__ import annotations
@@ -49,6 +58,16 @@ class RolloutDriver:
         self.decode_sum = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]  # steps, batch, context, seconds
         self.weights_at: dict[int, object] = {}  # reproducible mode: version -> its weights (a handle)
         self._next_new: int | None = None  # the next group id to create (``_create_through``)
+        self.hub = getattr(ex.job, "hub", None)  # multi-turn: the run's TrajectoryHub
+        self.parked: dict[int, list] = {}  # global id -> turn requests waiting for the group to get a replica
+        self.turns_on: list[dict[tuple[int, int], object]] = [{} for _ in range(n)]  # (g, i) -> turn request
+        # every ended trajectory's (model turns, environment seconds, model tokens, environment
+        # tokens, seconds between its turns on the run's clock), in the order they ended: what a
+        # calibrated scenario describes.  The last: from its start (reset) or a turn's end to its next
+        # turn's request, and from its last turn to its end: the environment and the hub's hand-over
+        self.trajectory_stats: list[tuple[int, float, int, int, float]] = []
+        self._env_since: dict[tuple[int, int], float] = {}  # (g, i) -> when it went to its environment
+        self._env_wait: dict[tuple[int, int], float] = {}  # (g, i) -> seconds in it so far
 
     def remembering(self, on_step):
         """Reproducible mode: wrap the executor's per-step hook so that each new version's
@@ -80,14 +99,71 @@ class RolloutDriver:
             self._create_through(g)
             store.groups[g].batch = by_id[gid].batch + ex.job.version_offset
             self.groups[u].add(g)
-            if store.groups[g].complete:  # restored from a checkpoint
+            if store.groups[g].complete:  # restored from a checkpoint, or its last trajectory ended meanwhile
                 ex.deliver(self._completed(u, [g]))
                 continue
-            reqs += store.requests_for(g)
-        if reqs:
-            ex.calls.issue(ex.unit_device(u), lambda _: None, None, "call", "rollout", "submit", reqs)
-            self.running[u] += len(reqs)
-            self.ensure_run(u)
+            reqs += self._trajectories(g) if self.hub is not None else store.requests_for(g)
+        self._submit(u, reqs)
+
+    def _submit(self, u: int, reqs: list) -> None:
+        if not reqs:
+            return
+        ex = self.ex
+        ex.calls.issue(ex.unit_device(u), lambda _: None, None, "call", "rollout", "submit", reqs)
+        self.running[u] += len(reqs)
+        if self.hub is not None:
+            self.turns_on[u].update({(r.group_id, r.index): r for r in reqs})
+        self.ensure_run(u)
+
+    # -- multi-turn ---------------------------------------------------------------------------
+    def _trajectories(self, g: int) -> list:
+        """Start group ``g``'s trajectories not yet started; its turns waiting for a replica."""
+        store, hub = self.ex.job.store, self.hub
+        rec = store.groups[g]
+        for i in range(rec.n):
+            if i not in rec.done and not hub.started(g, i):
+                hub.start(g, i, rec.row or {}, store._seed(g, i), rec.prompt_ids)
+                self._env_since[(g, i)] = self.ex.now()
+        return self.parked.pop(g, [])
+
+    def pump_trajectories(self) -> None:
+        """Hand the episodes' new turns to their groups' replicas; record ended trajectories."""
+        hub = self.hub
+        if hub is None:
+            return
+        if hub.failure is not None:
+            raise RuntimeError(f"a multi-turn episode failed outside its environment: {hub.failure!r}") from hub.failure
+        by_unit: dict[int, list] = {}
+        now = self.ex.now()
+        for r in hub.take_requests():
+            t0 = self._env_since.pop((r.group_id, r.index), None)
+            if t0 is not None:
+                self._env_wait[(r.group_id, r.index)] = self._env_wait.get((r.group_id, r.index), 0.0) + now - t0
+            u = self._unit_of(r.group_id)
+            if u is None:
+                self.parked.setdefault(r.group_id, []).append(r)
+            else:
+                by_unit.setdefault(u, []).append(r)
+        for u, reqs in by_unit.items():
+            self._submit(u, reqs)
+        ended = hub.take_finished()
+        for r in ended:
+            model, key = sum(r.loss_mask), (r.group_id, r.index)
+            wait = self._env_wait.pop(key, 0.0) + now - self._env_since.pop(key, now)
+            self.trajectory_stats.append((r.turns, r.env_seconds, model, len(r.loss_mask) - model, wait))
+        if ended:
+            complete = self.ex.job.store.absorb_finished(ended)
+            for g in complete:
+                u = self._unit_of(g)
+                if u is not None:  # else its next assignment reports it (``assign``)
+                    self.ex.deliver(self._completed(u, [g]))
+
+    def _unit_of(self, g: int) -> int | None:
+        return next((u for u, gs in enumerate(self.groups) if g in gs and self.ex.hosting.serves_rollout(u)), None)
+
+    def waiting_on_environment(self) -> bool:
+        """True while an episode is in its environment: the hub will have work without a call finishing."""
+        return self.hub is not None and self.hub.in_environment() > 0
 
     def _create_through(self, g: int) -> None:
         """Create every group up to ``g`` that does not exist yet, in id order.
@@ -144,6 +220,12 @@ class RolloutDriver:
     def _absorb(self, u: int, finished: list) -> None:
         ex = self.ex
         self.running[u] = max(0, self.running[u] - len(finished))
+        if self.hub is not None:  # model turns: their episodes go on
+            for r in finished:
+                self.turns_on[u].pop((r.group_id, r.index), None)
+                self._env_since[(r.group_id, r.index)] = ex.now()
+                self.hub.turn_done(r)
+            return
         done = [g for g in ex.job.store.absorb_finished(finished) if g in self.groups[u]]
         if done:
             ex.deliver(self._completed(u, done))
@@ -238,7 +320,16 @@ class RolloutDriver:
     def reclaimed(self, u: int, partials: list) -> None:
         """A borrowed replica was released: what finished is kept, partial prefixes go back."""
         self._absorb(u, [p for p in partials if p.finished])
-        self.ex.job.store.absorb_partials([p for p in partials if not p.finished])
+        if self.hub is not None:
+            for p in partials:
+                if not p.finished:
+                    start = self.turns_on[u].pop((p.group_id, p.index), None)
+                    resumable = start is not None and len(p.token_ids) > len(start.prefix_ids)
+                    again = p.as_request() if resumable and not self.ex.spec.reproducible else start
+                    if again is not None:
+                        self.parked.setdefault(p.group_id, []).append(again)
+        else:
+            self.ex.job.store.absorb_partials([p for p in partials if not p.finished])
         self._hand_back(u)
 
     def lost(self, u: int) -> None:
@@ -248,6 +339,9 @@ class RolloutDriver:
     def _hand_back(self, u: int) -> None:
         ex, store = self.ex, self.ex.job.store
         self.running[u], self.run_handle[u] = 0, None  # its decode steps so far stay in its sum
+        for (g, _i), req in self.turns_on[u].items():  # turns that never came back (a lost device): from their start
+            self.parked.setdefault(g, []).append(req)
+        self.turns_on[u].clear()
         gids = sorted(g for g in self.groups[u] if not store.groups[g].complete)
         self.groups[u].clear()
         if gids:

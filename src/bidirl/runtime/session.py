@@ -93,7 +93,9 @@ from bidirl.runtime.run_dir import LEDGER, truncate_ledger
 from bidirl.runtime.run_spec import build_spec
 from bidirl.runtime.run_summary import run_summary, write_admissions
 from bidirl.runtime.stops import StopSignals, clean_stop_error
+from bidirl.runtime.trajectories import hub_for, is_multi_turn
 from bidirl.runtime.validation import Validator, ValSet, score_validation
+from bidirl.runtime.validation_episodes import EpisodeValidator
 
 
 class TrainSession:
@@ -184,7 +186,7 @@ class TrainSession:
                       f"({len(store.groups)} buffered or in-flight groups)", file=sys.stderr)
             elif self.resume:
                 print("[bidirl] no complete checkpoint yet: starting from step 0", file=sys.stderr)
-            stream = PromptStream(cursor, store, tok)
+            stream = PromptStream(cursor, store, tok, keep_rows=is_multi_turn(cfg))
             ray_start.ready()
             self.stop.install()  # the loop's handlers; exits.DriverSignals' before and after
             try:
@@ -202,7 +204,8 @@ class TrainSession:
         job = Job(stream.store, stream.new_group, reward_fn, stream.decode, rollout_kwargs,
                   trainer_kwargs={"model_dir": model_dir, "config": trainer_config},
                   ids=self.group_ids, version_offset=self.start_step,
-                  algorithm=cfg.algorithm)
+                  algorithm=cfg.algorithm, hub=hub_for(cfg, stream.tok, fit.max_model_len))
+
         ex, self.train_devices = start_executor(cfg, policy, spec, placement, job, ckpt, self.wrap_backend)
         self.placement = placement
         reporter = StepReporter(cfg, self.run_dir, self.start_step, ex, wandb_config=self._config_record())
@@ -212,7 +215,11 @@ class TrainSession:
         ex.on_step = boundary.after_step
         if cfg.scheduler.reproducible:  # keep each version's weights for replicas that missed a sync
             ex.on_step = ex.rollout.remembering(ex.on_step)
-        if vs is not None:
+        if vs is not None and job.hub is not None:  # episodes, turn by turn (runtime/validation_episodes.py)
+            ex.validator = EpisodeValidator(ex, vs, lambda t: hub_for(cfg, stream.tok, fit.max_model_len, t),
+                                            reporter.on_validation, stream.decode, stream.decode_prompt,
+                                            cfg.run.val_samples)
+        elif vs is not None:
             ex.validator = Validator(ex, vs, lambda out: score_validation(vs, out, reward_fn, stream.decode,
                                                                           stream.decode_prompt, cfg.run.val_samples),
                                      reporter.on_validation)
@@ -239,6 +246,8 @@ class TrainSession:
         finally:
             wall = ex.now()
             intervals = ex.finish()
+            if job.hub is not None:
+                job.hub.close()
             reporter.close()
             boundary.close()
         return self._outputs(ex, reporter, failed, wall, intervals, loop)

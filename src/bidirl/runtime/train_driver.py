@@ -31,28 +31,9 @@ from dataclasses import dataclass, field
 
 from bidirl.controller.actions import PRIMARY, JoinStep, StartTrainStep
 from bidirl.controller.events import ChunkComputed, StageMeasured, TrainStepFinished
-from bidirl.core.staleness import staleness_at_training
 from bidirl.frame.hosting import LENDING, LENT
 from bidirl.policy.split import PRIMARY_DEPTH  # calls a primary rank keeps on its device
-
-
-@dataclass
-class StepRecord:
-    """What the driver saw of one training step (for metrics and audits)."""
-
-    step: int
-    group_ids: tuple[int, ...]
-    rewards: list[float]
-    staleness: list[int]
-    response_tokens: int
-    total_tokens: int
-    started_s: float
-    finished_s: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
-    chunks: list[tuple[str, int]] = field(default_factory=list)  # (executor, micro-batches)
-    c_grad_s: list[float] = field(default_factory=list)
-    # dynamic sampling: the step's filtered groups (set by the step boundary); None: filtering is off
-    filtered: tuple[int, ...] | None = None
+from bidirl.runtime.step_layout import Layout, StepRecord, lay_out, set_advantages
 
 
 @dataclass
@@ -81,18 +62,44 @@ class TrainDriver:
         self.ex = ex
         self.records: dict[int, StepRecord] = {}
         self.current: _Step | None = None
+        self.laying_out: int | None = None  # a step waiting for its reference KL (not yet current)
+        self.waiting_joins: dict[int, list[JoinStep]] = {}  # step -> auxiliaries that joined meanwhile
 
     # -- start --------------------------------------------------------------------------
     def start(self, a: StartTrainStep) -> None:
+        """Lay the step out; with KL in the reward, first ask rank 0 for the responses' KL to
+        the reference (the advantages need it), then compute as usual.  Auxiliaries that join
+        while the reference is computed wait for the step's micro-batches (``join``)."""
         ex = self.ex
-        rec, mbs, totals = self._layout(a)
-        devs = ex.layout.train_devices
+        lay = lay_out(ex, a)
+        self.records[lay.rec.step] = lay.rec
         if ex.spec.aux_trainers and ex.spec.n_replicas:
             # The weights an auxiliary of this step loads, asked for before the step's calls:
             # asked for later (a lend once the step runs), the request queues behind every
             # micro-batch on rank 0 and the wait is measured as C_in (2.5 s instead of 3 ms
             # for the first lend of a run, whose version 0 no weight sync had fetched).
             ex.primary_weights()
+        alg = ex.job.algorithm
+        if not (alg.use_kl_in_reward and alg.kl_ctrl.kl_coef > 0):
+            set_advantages(ex.job.algorithm, lay, None)
+            self._begin(a, lay)
+            return
+
+        def penalties(kl: list[float]) -> None:
+            set_advantages(ex.job.algorithm, lay, kl)
+            self._begin(a, lay)
+            for join in self.waiting_joins.pop(a.step, []):
+                self.join(join)
+
+        self.laying_out = a.step
+        ex.calls.issue(ex.layout.train_devices[0], penalties, ("train", f"reference KL {lay.rec.step}"),
+                       "call", "train", "reference_kl", lay.mbs, alg.kl_penalty)
+
+    def _begin(self, a: StartTrainStep, lay: Layout) -> None:
+        ex = self.ex
+        rec, mbs, totals = lay.rec, lay.mbs, lay.totals
+        devs = ex.layout.train_devices
+        self.laying_out = None
         own = [i for c in a.chunks if c.executor == PRIMARY for i in c.micro_batches]
         ranks = [own[r::len(devs)] for r in range(len(devs))]
         st = _Step(a, rec, mbs, totals, ranks, [deque(x) for x in ranks], [0] * len(devs))
@@ -102,52 +109,12 @@ class TrainDriver:
             if c.executor == PRIMARY:
                 continue
             rec.chunks.append((str(c.executor), len(c.micro_batches)))
-            self._weights_for(ex.unit_device(c.executor))
             st.static += c.micro_batches
             st.static_todo[c.executor] = deque(c.micro_batches)
             self._feed_static(st, c.executor)
         for r in range(len(devs)):
             self._feed_rank(st, r)
         self._check_done(st)
-
-    def _layout(self, a: StartTrainStep) -> tuple[StepRecord, list[list[dict]], object]:
-        """Score the batch, compute advantages (``algorithm.adv_estimator``, over the whole
-        step), cut the samples into the micro-batches; the step's loss normalisers."""
-        # lazy: pulls in torch, which the executor's module does not need until a step is laid out
-        from bidirl.algo.advantages import step_advantages
-        from bidirl.algo.aggregation import StepTotals  # lazy: torch, as above
-
-        ex = self.ex
-        job, voff = ex.job, ex.job.version_offset
-        gids = [job.ids.global_id(g) for g in a.group_ids]
-        rewards = job.store.score_step(gids, job.reward_fn, job.decode)
-        samples, stale = [], []
-        step = a.step + voff
-        groups = [job.store.groups[g] for g in gids]
-        lengths = [[len(rec.done[i].token_ids) for i in range(rec.n)] for rec in groups]
-        for g, adv in zip(gids, step_advantages(rewards, lengths, job.algorithm)):
-            rec = job.store.groups[g]
-            v_first = job.store.versions(g)[0]
-            stale.append(staleness_at_training(step, v_first if v_first is not None else step))
-            for i in range(rec.n):
-                r = rec.done[i]
-                sample = {"prompt_ids": rec.trained_prompt_ids, "response_ids": r.token_ids,
-                          "behaviour_logprobs": r.logprobs, "advantage": float(adv[i])}
-                if rec.images:  # the trainer runs the model's image processor on them
-                    sample["images"] = rec.images
-                samples.append(sample)
-        sizes = [mb.samples for mb in a.micro_batches]
-        if sum(sizes) != len(samples):
-            raise RuntimeError(f"step {a.step}: micro-batches cover {sum(sizes)} samples, batch has {len(samples)}")
-        mbs, k = [], 0
-        for n in sizes:
-            mbs.append(samples[k:k + n])
-            k += n
-        total = sum(len(s["response_ids"]) for s in samples)
-        rec = StepRecord(step, tuple(gids), [x for r in rewards for x in r], stale, total,
-                         sum(len(s["response_ids"]) + len(s["prompt_ids"]) for s in samples), ex.now())
-        self.records[rec.step] = rec
-        return rec, mbs, StepTotals.of(len(s["response_ids"]) for s in samples)
 
     def _weights_for(self, dev: int) -> None:
         """An auxiliary on ``dev`` computes on the primary's weights of this step."""
@@ -192,6 +159,8 @@ class TrainDriver:
                 self._feed_rank(st, 0)
             return
         dev = ex.unit_device(unit)
+        if q:
+            self._weights_for(dev)
         while st.aux_calls.get(unit, 0) < PRIMARY_DEPTH and q:
             i = q.popleft()
             st.aux_calls[unit] = st.aux_calls.get(unit, 0) + 1
@@ -220,6 +189,9 @@ class TrainDriver:
     # -- joining a step in progress --------------------------------------------------------
     def join(self, a: JoinStep) -> None:
         st, ex = self.current, self.ex
+        if st is None and self.laying_out == a.step:  # its micro-batches wait for the reference KL
+            self.waiting_joins.setdefault(a.step, []).append(a)
+            return
         if st is None or st.a.step != a.step or st.merging:
             ex.deliver(ChunkComputed(a.unit, a.step))
             return
@@ -283,7 +255,7 @@ class TrainDriver:
         def applied(out, rank: int) -> None:
             metrics, c_grad = out
             if rank == 0:
-                rec.metrics, rec.c_grad_s = metrics, c_grad
+                rec.metrics, rec.c_grad_s = {**metrics, **rec.extra_metrics}, c_grad
                 for s in c_grad:
                     ex.deliver(StageMeasured("train_on_roll.c_grad", (), s))
             pending["n"] -= 1

@@ -51,6 +51,10 @@ class TrainerRole:
         n_tok = sum(len(s["response_ids"]) for mb in microbatches for s in mb)
         return GradChunk(grads, n_tok, metrics, self.trainer.version), timings
 
+    def reference_kl(self, microbatches: list[list[dict]], kind: str) -> list[float]:
+        """Each sample's summed KL to the reference, in order (``TorchTrainer.reference_kl``)."""
+        return self.trainer.reference_kl([[TrainSample(**s) for s in mb] for mb in microbatches], kind)
+
     def apply_refs(self, nested: list, n_own: int, groups: list[int] | None = None
                    ) -> tuple[dict[str, float], list[float]]:
         """Fetch chunk gradients (object refs, in merge order) and step.

@@ -140,16 +140,29 @@ class Validator:
     def poke(self) -> None:
         """Issue the pending validation if replica 0 holds its version and none is in flight
         (the executor calls this whenever a replica is given new weights)."""
-        ex = self.ex
-        if self.pending is None or self.in_flight:
+        if not self._claim():
             return
-        if ex.rollout.version.get(self.UNIT, ex.job.version_offset) < self.pending:
-            return
-        self.pending, self.in_flight = None, True
-        vs = self.vs
+        ex, vs = self.ex, self.vs
         ex.calls.issue(ex.unit_device(self.UNIT), self._done, ("rollout", "validate"), "call", "rollout",
                        "validate", vs.prompt_ids, vs.max_new_tokens, vs.temperature, vs.seed, vs.images,
                        on_lost=self._lost)
+
+    def _claim(self) -> bool:
+        """Take the pending validation if replica 0 holds its version and none is in flight."""
+        ex = self.ex
+        if self.pending is None or self.in_flight:
+            return False
+        if ex.rollout.version.get(self.UNIT, ex.job.version_offset) < self.pending:
+            return False
+        self.pending, self.in_flight = None, True
+        return True
+
+    def pump(self) -> None:
+        """Called on every pass of the executor's loop (a multi-turn validation's rounds)."""
+
+    def waiting_on_environment(self) -> bool:
+        """True while a validation waits on environments (the loop then looks again soon)."""
+        return False
 
     def _done(self, out: dict) -> None:
         self.in_flight = False
@@ -171,6 +184,16 @@ class Validator:
         Called after the loop has ended, so it waits for its calls (behind anything still on
         the device) instead of going through the loop; a validation still in flight is
         superseded.  Its device time is recorded as ``validate`` like the others."""
+        ex, vs = self.ex, self.vs
+        dev = self._final_weights(version)
+        out = ex.call_now(dev, "call", "rollout", "validate", vs.prompt_ids, vs.max_new_tokens, vs.temperature,
+                          vs.seed, vs.images)
+        ex.clock.set((dev,), ex.now(), Activity.IDLE, "rollout", "run finished")
+        self._deliver(out)
+
+    def _final_weights(self, version: int) -> int:
+        """The final validation's start: nothing pending, replica 0 busy validating and holding
+        version ``version`` (loaded now if it does not); returns its device."""
         ex = self.ex
         dev = ex.unit_device(self.UNIT)
         self.pending, self.in_flight = None, False
@@ -178,8 +201,4 @@ class Validator:
         if ex.rollout.version.get(self.UNIT) != version:
             ex.call_now(dev, "call", "rollout", "update_weights", ex.primary_weights(), version)
             ex.rollout.version[self.UNIT] = version
-        vs = self.vs
-        out = ex.call_now(dev, "call", "rollout", "validate", vs.prompt_ids, vs.max_new_tokens, vs.temperature,
-                          vs.seed, vs.images)
-        ex.clock.set((dev,), ex.now(), Activity.IDLE, "rollout", "run finished")
-        self._deliver(out)
+        return dev

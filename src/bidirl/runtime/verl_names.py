@@ -65,7 +65,8 @@ VERL_ALIASES: tuple[tuple[str, str], ...] = (
 Accepted in a YAML file (nested, as veRL writes them) and as ``key=value`` overrides;
 ``data.val_files``, ``data.val_max_samples``, ``data.max_prompt_length``,
 ``data.filter_overlong_prompts``, ``algorithm.adv_estimator``,
-``algorithm.norm_adv_by_std_in_grpo``, ``algorithm.rollout_correction.rollout_is`` /
+``algorithm.norm_adv_by_std_in_grpo``, ``algorithm.use_kl_in_reward``, ``algorithm.kl_penalty``,
+``algorithm.kl_ctrl.type`` / ``kl_coef``, ``algorithm.rollout_correction.rollout_is`` /
 ``rollout_is_threshold`` and ``algorithm.filter_groups.enable`` / ``max_num_gen_batches`` are
 bidirl's own names too.  Only names whose meaning is the same are
 here: ``trainer.test_freq`` is veRL's steps between validations (``-1``, veRL's "off",
@@ -77,7 +78,6 @@ agree (a veRL file sets ``data.max_response_length`` and ``rollout.response_leng
 _ALIAS = dict(VERL_ALIASES)
 
 VERL_FIXED: dict[str, tuple[Any, ...]] = {
-    "algorithm.use_kl_in_reward": (False,),
     "algorithm.gamma": (1.0,),
     "algorithm.lam": (1.0,),
     "reward_model.overlong_buffer.log": (True, False),
@@ -85,7 +85,7 @@ VERL_FIXED: dict[str, tuple[Any, ...]] = {
     "reward_model.reward_manager": ("naive", "dapo"),
 }
 """veRL fields naming what bidirl always does, with the values that mean it: accepted and
-changing nothing (no KL in the reward: bidirl's KL is a loss term; discount and GAE lambda
+changing nothing (discount and GAE lambda
 1: outcome rewards, every token its response's advantage; the overlong penalty is always
 logged, as ``reward/extra/overlong_reward``; veRL's ``dapo`` reward manager is the one that
 applies it, bidirl's store applies it whenever it is enabled); another value is an error

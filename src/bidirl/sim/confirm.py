@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 from bidirl.planner.envelope import Envelope, scenario_with_envelope
 from bidirl.planner.plan import PlanResult
@@ -46,15 +47,17 @@ CONFIRM_SEED_OFFSET = 104_729  # a prime: the lengths drawn are not the run's ow
 Runner = Callable[[Scenario, Envelope, int, int], float]  # (scenario, envelope, steps, seed) -> tokens/s
 
 
-def simulate_envelope(sc: Scenario, env: Envelope, steps: int, seed: int) -> float:
-    """Simulated ``bidirl`` tokens/s of ``sc`` on ``env`` (the default runner)."""
-    res = simulate(scenario_with_envelope(sc, env), "bidirl", steps=steps, seed=seed,
+def simulate_envelope(sc: Scenario, env: Envelope, steps: int, seed: int,
+                      policy: str = "bidirl") -> float:
+    """Simulated tokens/s of ``policy`` on ``sc`` with ``env`` (the default runner, for the
+    policy the plan is for)."""
+    res = simulate(scenario_with_envelope(sc, env), policy, steps=steps, seed=seed,
                    record_intervals=False)
     return res.throughput_tokens_per_s
 
 
 def confirm(sc: Scenario, result: PlanResult, k: int = DEFAULT_K, band: float = CONFIRM_BAND,
-            steps: int | None = None, runner: Runner = simulate_envelope,
+            steps: int | None = None, runner: Runner | None = None,
             progress: Callable[[int, int, dict], None] | None = None) -> PlanResult:
     """``result`` with its pick replaced by the best simulated of its short list: the
     candidates predicted within ``band`` of the best prediction, at most ``k``.
@@ -65,7 +68,8 @@ def confirm(sc: Scenario, result: PlanResult, k: int = DEFAULT_K, band: float = 
     that order.  The returned result's ``confirmed`` lists each one's predicted and
     simulated tokens/s (``rank``: the planner's order); an envelope the simulator refuses
     (``ScenarioError``, e.g. a role that does not fit) gets ``simulated_tokens_per_s: None``
-    and the reason, and is not picked.  ``progress(i, n, row)`` is called
+    and the reason, and is not picked.  ``runner`` (default ``simulate_envelope``) runs
+    the policy the plan is for (``result.policy``).  ``progress(i, n, row)`` is called
     after each simulation (the CLI prints it: at 1,024 devices one takes ~2 s).
     """
     if k < 0:
@@ -77,6 +81,7 @@ def confirm(sc: Scenario, result: PlanResult, k: int = DEFAULT_K, band: float = 
     shortlist = [c for c in ranked if c.prediction.tokens_per_s >= (1.0 - band) * top][:k]
     if len(shortlist) < 2:
         return result
+    runner = runner or partial(simulate_envelope, policy=result.policy)
     horizon = min(steps or result.steps or CONFIRM_STEPS, CONFIRM_STEPS)
     seed = sc.seed + CONFIRM_SEED_OFFSET
     rows, t0 = [], time.perf_counter()

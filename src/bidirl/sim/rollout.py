@@ -21,7 +21,10 @@ from bidirl.frame.device_time import BUSY, IDLE
 from bidirl.frame.hosting import HOME, LENT
 from bidirl.sim.context import WAITING, SimContext
 from bidirl.sim.engine import ReplicaEngine
+from bidirl.sim.turns import TrajectoryBook
 from bidirl.sim.workload import ResponseLengths
+
+TOOL_WAIT = "tool wait"  # a replica whose trajectories all wait on their environments
 
 
 class RolloutFleet:
@@ -43,6 +46,8 @@ class RolloutFleet:
         self.dirty: set[int] = set()  # units to re-label once the controller has reacted
         self.unplanned: set[int] = set()  # replicas whose next completion must be recomputed
         self.synced = 0  # the weights' version on the home replicas
+        turns = sim.truth.turns  # multi-turn: every trajectory's state (sim/turns.py)
+        self.book = TrajectoryBook(turns, spec.group_size, spec.prompt_tokens) if turns is not None else None
 
     def _new_engine(self, t: float, version: int) -> ReplicaEngine:
         spec = self.sim.spec
@@ -73,6 +78,8 @@ class RolloutFleet:
         devs = spec.unit_devices(u)
         if eng.running:
             sim.rec.set(devs, now, BUSY, "rollout", f"rollout v{eng.version}", borrowed)
+        elif self.book is not None and self.book.holds(u):  # its trajectories all wait on their tools
+            sim.rec.set(devs, now, IDLE, "rollout", TOOL_WAIT, borrowed)
         else:
             sim.rec.set(devs, now, IDLE, "rollout", self.idle_cause(u), borrowed)
 
@@ -84,7 +91,13 @@ class RolloutFleet:
             self._report(u, done)
 
     def _report(self, u: int, done: list[int]) -> None:
-        lens = tuple(self.lengths.lengths(g) for g in done)
+        if self.book is not None:  # turns ended: their trajectories go to their environments
+            self._turns_done(done)
+            self.dirty.add(u)
+            return
+        self._deliver(u, done, tuple(self.lengths.lengths(g) for g in done))
+
+    def _deliver(self, u: int, done: list[int], lens: tuple) -> None:
         keep = self.sim.truth.keep
         flags: tuple[bool, ...] = ()
         if keep is not None:  # dynamic sampling: the simulated reward's verdict, at this version
@@ -129,6 +142,9 @@ class RolloutFleet:
         u, now = a.replica, sim.env.now
         eng = self.engines[u]
         self.advance(u, now)
+        if self.book is not None:
+            self._assign_turns(u, a.group_ids)
+            return
         tokens = 0
         stall = 0.0
         prefill_s = truth.rollout.prefill_s
@@ -169,6 +185,60 @@ class RolloutFleet:
             self.unplanned.add(u)
         sim.at(now + dur, self._synced, a.version, dur)
 
+    # -- multi-turn (sim/turns.py) ----------------------------------------------------
+    def _assign_turns(self, u: int, group_ids) -> None:
+        """Start the assigned groups' trajectories whose turn can start (not on a tool): each
+        prefills its context; one burst without prefix caching, else one prefill per group."""
+        sim, truth, book, eng = self.sim, self.sim.truth, self.book, self.engines[u]
+        prefill_s, prompt = truth.rollout.prefill_s, self.sim.spec.prompt_tokens
+        tokens, stall = 0, 0.0
+        complete = []
+        for gid in group_ids:
+            ctx = [book.admit(eng, gid, i) for i in book.place(gid, u)]
+            if book.complete(gid):  # every trajectory ended while the group waited for a replica
+                complete.append(gid)
+            if truth.prefill_per_response:
+                tokens += sum(ctx)
+            elif ctx:  # the group's responses share its prompt
+                n = prompt + sum(c - prompt for c in ctx)
+                tokens += n
+                stall += prefill_s(n) * sim.noise()
+        if truth.prefill_per_response and tokens:
+            stall = prefill_s(tokens) * sim.noise()
+        eng.stall(sim.env.now, stall)
+        self.samples.add_prefill(u, 1 if truth.prefill_per_response else len(group_ids), tokens, stall)
+        self.unplanned.add(u)
+        self.dirty.add(u)
+        if complete:
+            self._deliver(u, complete, tuple(book.finish(g) for g in complete))
+
+    def _turns_done(self, sids: list[int]) -> None:
+        """Turns that ended: their trajectories wait on their environments (``_tool_back``)."""
+        back = self.sim.env.now + self.book.latency
+        for sid in sids:
+            self.sim.at(back, self._tool_back, *self.book.turn_done(sid))
+
+    def _tool_back(self, gid: int, i: int) -> None:
+        """Trajectory ``(gid, i)``'s environment answered: its next turn goes to the replica
+        holding its group (which prefills the whole context), or waits for one; after its
+        last turn it has ended, and its group may be complete."""
+        u, ended = self.book.tool_back(gid, i)
+        if u is None or self.sim.over:
+            return
+        now = self.sim.env.now
+        self.advance(u, now)
+        if ended:
+            if self.book.complete(gid):
+                self._deliver(u, [gid], (self.book.finish(gid),))
+            return
+        eng = self.engines[u]
+        ctx = self.book.admit(eng, gid, i)
+        stall = self.sim.truth.rollout.prefill_s(ctx) * self.sim.noise()
+        eng.stall(now, stall)
+        self.samples.add_prefill(u, 1, ctx, stall)
+        self.unplanned.add(u)
+        self.dirty.add(u)
+
     def _synced(self, version: int, dur: float) -> None:
         self.synced = version
         for u, eng in self.engines.items():
@@ -179,7 +249,7 @@ class RolloutFleet:
 
     # -- a unit changing hands -------------------------------------------------------
     def running(self, u: int) -> bool:
-        return self.engines[u].running
+        return bool(self.engines[u].running) or (self.book is not None and self.book.holds(u))
 
     def host(self, u: int, version: int) -> None:
         """Lent trainer unit ``u`` is up as a rollout replica with weights ``version``."""
@@ -190,9 +260,12 @@ class RolloutFleet:
 
     def evict(self, u: int) -> list:
         """Stop the replica on unit ``u``: its unfinished groups' responses so far are kept
-        for whichever replica gets them next; returns ``(group, responses done, prefixes)``."""
+        for whichever replica gets them next; returns ``(group, tokens so far, unfinished
+        responses)`` (their prefixes; multi-turn: their indices, every group it held)."""
         self.advance(u, self.sim.env.now)
         parts = self.engines.pop(u).interrupt()
+        if self.book is not None:
+            return self.book.evict(u, parts)
         for gid, _, prefixes in parts:
             self.partials[gid] = prefixes
         return parts

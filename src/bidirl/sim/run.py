@@ -67,6 +67,7 @@ from bidirl.frame.device_time import Recorder
 from bidirl.frame.result import RunResult, admission_counts, decision_figures, pool_figures
 from bidirl.policy import make_policy
 from bidirl.sim import scenario as scenario_mod
+from bidirl.sim import turns
 from bidirl.sim.runtime import SimRuntime
 from bidirl.sim.scenario import Pools, Scenario
 from bidirl.sim.world import build
@@ -177,6 +178,12 @@ def _ideal_rollout_s(rt: SimRuntime) -> float:
     spec, truth = rt.spec, rt.truth
     a, c, k = truth.rollout.decode.theta
     prompt = spec.prompt_tokens
+    if truth.turns is not None:  # multi-turn: every turn at its context, every later turn's prefill
+        gids = (range(rt.controller.state.queue.members.next_unbound) if rt.rollout.filtered
+                else range(spec.total_groups))
+        return spec.rollout_tp * turns.ideal_rollout_s(
+            truth.turns, gids, (a, c, k), spec.replica_cap, prompt, truth.rollout.prefill_s,
+            truth.turns.turns.env_tokens)
     per_token = a / spec.replica_cap + c + k * prompt
     if rt.rollout.filtered:  # every group generated: ids 0 .. the last bound (all completed)
         generated = rt.controller.state.queue.members.next_unbound
@@ -198,8 +205,14 @@ def critical_path_s(rt: SimRuntime) -> float:
     train = rt.trainer.trained.device_s / spec.steps / spec.devices + truth.step_overhead_s
     ends: list[float] = []
     for b in range(spec.steps):
-        longest = float(rt.lengths.draw_batch(b).max())
-        decode = longest * (a + c + k * prompt) + k * longest * (longest - 1) / 2
         gen = ends[b - spec.staleness - 1] if b > spec.staleness else truth.startup_s
-        ends.append(max(ends[-1] if ends else 0.0, gen + prefill + decode) + train)
+        if truth.turns is not None:  # multi-turn: the slowest trajectory, its tool waits included
+            t = truth.turns.turns
+            ready = gen + turns.longest_trajectory_s(truth.turns, b, (a, c, k), prompt, truth.rollout.prefill_s,
+                                                     t.tool_latency_s, t.env_tokens)
+        else:
+            longest = float(rt.lengths.draw_batch(b).max())
+            decode = longest * (a + c + k * prompt) + k * longest * (longest - 1) / 2
+            ready = gen + prefill + decode
+        ends.append(max(ends[-1] if ends else 0.0, ready) + train)
     return ends[-1] if ends else 0.0

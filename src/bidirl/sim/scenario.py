@@ -29,13 +29,15 @@ from bidirl.perf.scenario import (
     ScenarioError,
     SimKnobs,
     TrainLayout,
+    Turns,
     Workload,
     from_dict,
     read_lengths,
 )
 
 __all__ = ["LENGTH_DISTS", "Calibration", "Costs", "HardwareSpec", "ModelSpec", "Pools", "ResponseLength",
-           "Scenario", "ScenarioError", "SimKnobs", "TrainLayout", "Workload", "builtin_names", "from_dict", "load"]
+           "Scenario", "ScenarioError", "SimKnobs", "TrainLayout", "Turns", "Workload", "builtin_names",
+           "from_dict", "load"]
 
 
 def builtin_names() -> list[str]:

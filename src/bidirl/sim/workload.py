@@ -47,12 +47,17 @@ class ResponseLengths:
             self._cache.pop(b - 64, None)  # batches that old are long trained
         return rows[i]
 
-    def draw_batch(self, batch: int) -> np.ndarray:
-        """Lengths of every response of ``batch``, shape (groups_per_step, group_size)."""
+    def draw_batch(self, batch: int, stream: int = 0) -> np.ndarray:
+        """Lengths of every response of ``batch``, shape (groups_per_step, group_size).
+
+        ``stream`` > 0: another independent draw of the same batch (a later model turn of a
+        multi-turn trajectory, ``sim/turns.py``); ``file`` and ``empirical`` lengths in
+        ``replay`` or ``cycle`` order give every turn of a response its one listed length (a
+        calibrated run lists each trajectory's mean turn)."""
         d, shape = self.dist, (self.g, self.n)
         if d.dist == "constant":
             return np.full(shape, d.max, dtype=np.int64)
-        rng = np.random.default_rng([self.seed, batch])
+        rng = np.random.default_rng([self.seed, batch] if stream == 0 else [self.seed, batch, stream])
         if d.dist in ("file", "empirical"):
             if d.order == "sample":
                 return self._file[rng.integers(0, len(self._file), size=shape)]

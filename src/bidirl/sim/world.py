@@ -20,6 +20,7 @@ from bidirl.planner.compat import split_fit
 from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import envelope_of
 from bidirl.sim.scenario import Scenario, ScenarioError
+from bidirl.sim.turns import TurnDraws
 from bidirl.sim.workload import KeepModel, ResponseLengths
 
 
@@ -40,6 +41,7 @@ class Truth:
     startup_s: float = 0.0  # nothing happens before (a real run's start-up)
     prewarmed: bool = False  # the scheduler starts from the measured switch costs (a real run's pre-warm)
     keep: KeepModel | None = None  # which completed groups are filtered (dynamic sampling); None: none
+    turns: TurnDraws | None = None  # multi-turn trajectories (workload.turns); None: single-turn
 
 
 def build(sc: Scenario, allow_oversubscribe: bool = False) -> tuple[ClusterSpec, Truth, ResponseLengths]:
@@ -78,7 +80,10 @@ def build(sc: Scenario, allow_oversubscribe: bool = False) -> tuple[ClusterSpec,
         prompt_vision_s=vision_prefill_s(hw, m, p.rollout_tp, w.image_load),
         filter_groups=w.keep_rate.filters, max_gen_batches=w.max_num_gen_batches,
     )
-    return spec, _truth(sc, hw, m), lengths
+    truth = _truth(sc, hw, m)
+    if w.turns.multi:
+        truth.turns = TurnDraws(w.turns, lengths, sc.seed)
+    return spec, truth, lengths
 
 
 def _truth(sc: Scenario, hw, m) -> Truth:
