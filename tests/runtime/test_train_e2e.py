@@ -180,3 +180,31 @@ def test_every_policy_runs_for_real(tmp_path, policy, real_runtime_available):
     for key, n in counts.items():
         direction, verdict = key.split(".")
         assert sum(1 for d in logged if d["direction"] == direction and d["admit"] == (verdict == "admitted")) == n
+
+
+def test_a_users_environment_file_trains_with_borrowing(tmp_path, real_runtime_available):
+    """docs/environments.md's promise, as a user would run it: ``examples/retry_env.py`` and
+    their own veRL-layout parquet, ``bidirl train env.path=... data.files=...`` and nothing
+    else about turns.  Validation plays episodes before training too (``run.val_before_train``
+    once skipped the multi-turn validator), every trajectory group is trained once, and the
+    multi-turn metrics are there."""
+    import pandas as pd
+
+    rows = [{"prompt": [{"role": "user", "content": f"Reverse: {w}"}], "data_source": "user",
+             "reward_model": {"ground_truth": w[::-1]}, "extra_info": {"index": i}}
+            for i, w in enumerate(["abc", "dog", "sun", "map", "cat", "red", "owl", "pin"] * 4)]
+    pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet")
+    run = tmp_path / "run"
+    out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=3", "scheduler.policy=bidirl",
+                  f"env.path={ROOT / 'examples' / 'retry_env.py'}", f"data.files={tmp_path / 'train.parquet'}",
+                  f"data.val_files={tmp_path / 'train.parquet'}", "env.max_turns=3",
+                  "run.val_before_train=true", "run.val_every=3", "data.val_max_samples=4",
+                  "run.plot=false")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert_run_sound(run, 3)
+    metrics = read_metrics(run)
+    vals = [m for m in metrics if "val/score/mean" in m]
+    assert [m["step"] for m in vals][:1] == [0], "validated before training"
+    assert all("val/multi_turn/turns_mean" in m for m in vals)
+    steps = [m for m in metrics if "reward/mean" in m]
+    assert len(steps) == 3 and all(1 <= m["multi_turn/turns_mean"] <= 3 for m in steps)

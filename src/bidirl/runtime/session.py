@@ -223,9 +223,10 @@ class TrainSession:
             ex.validator = Validator(ex, vs, lambda out: score_validation(vs, out, reward_fn, stream.decode,
                                                                           stream.decode_prompt, cfg.run.val_samples),
                                      reporter.on_validation)
-            every = cfg.run.val_every
-            if cfg.run.val_before_train or (self.start_step and every and self.start_step % every == 0):
-                ex.validator.request(self.start_step)  # the initial (or the checkpoint's) weights
+        every = cfg.run.val_every
+        if ex.validator is not None and (cfg.run.val_before_train
+                                         or (self.start_step and every and self.start_step % every == 0)):
+            ex.validator.request(self.start_step)  # the initial (or the checkpoint's) weights
         if self.stop.requested:  # a signal during the start-up: stop at the first boundary, this one
             boundary.stopped_at = self.start_step
         failed = None
