@@ -28,6 +28,7 @@ from bidirl.models.make import ARCHS, make_model, shape_of
 from bidirl.obs.trace import write_chrome_trace
 from bidirl.planner import plan as planner
 from bidirl.planner.plan import PlanError
+from bidirl.planner.runnable import plan_file_overrides
 from bidirl.policy import policy_names
 from bidirl.runtime.checkpoints import export_model
 from bidirl.runtime.config import ConfigError, help_text
@@ -198,7 +199,8 @@ def _confirm_progress(i: int, n: int, row: dict) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     _check_outputs(args, "--json")
     sc = scn.load(args.scenario)
-    result = confirm(sc, planner.plan(sc, top_k=args.top, policy=args.policy), k=args.confirm,
+    chosen = planner.plan(sc, top_k=args.top, policy=args.policy, runnable_only=not args.what_if)
+    result = confirm(sc, chosen, k=args.confirm,
                      progress=_confirm_progress)
     print(result.format() if hasattr(result, "format") else result)
     if args.json:
@@ -207,6 +209,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if getattr(args, "plan", None):  # the plan's layout first: the command line's key=value still win
+        try:
+            over = plan_file_overrides(args.plan)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        print(f"[bidirl] --plan {args.plan}: {' '.join(over)}", file=sys.stderr)
+        args.overrides = [*over, *(args.overrides or [])]
     try:
         from bidirl.runtime.train import main as train_main  # lazy: pulls in torch, vLLM and Ray
     except ImportError as e:  # the runtime extras are not installed
@@ -276,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
                     f"the best simulated (default {DEFAULT_K}; 0 or 1: the planner's prediction alone)")
     pl.add_argument("--policy", default="bidirl", choices=policy_names(),
                     help="the policy to plan for: what it borrows and the staleness it keeps (default bidirl)")
+    pl.add_argument("--what-if", action="store_true",
+                    help="also layouts the runtime cannot run yet (tensor-parallel trainers and replicas: "
+                    "planner/runnable.py), for the simulator; without it the plan is one `bidirl train --plan` runs")
     pl.add_argument("--json")
     pl.set_defaults(func=cmd_plan)
 
@@ -289,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--allow-data-change", action="store_true",
                    help="with --resume: accept training data files that changed since the run began (by default "
                    "refused: the ledger counts prompts by index); the change is recorded in resume_changes.jsonl")
+    t.add_argument("--plan", metavar="PLAN.json",
+                   help="run the layout `bidirl plan --json` wrote (its split, trainer sharding and policy); "
+                   "key=value overrides still win; a layout the runtime cannot run is refused")
     t.add_argument("--ray-address", help="join an existing Ray cluster instead")
     t.add_argument("--run-dir", help="where to write the run (default runs/<time>)")
     t.add_argument("--print-config", action="store_true",

@@ -69,4 +69,4 @@ def test_bidirl_plan_takes_the_policy(tmp_path, capsys):
     got = json.loads(out.read_text())
     assert got["policy"] == "async" and got["prediction"]["borrowed"] == "none"
     assert "tokens/s for policy async" in capsys.readouterr().out
-    assert got["label"] == plan(load("h100-32-qwen3-8b"), policy="async").envelope.label()
+    assert got["label"] == plan(load("h100-32-qwen3-8b"), policy="async", runnable_only=True).envelope.label()

@@ -30,6 +30,7 @@ from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope, scenario_with_envelope
 from bidirl.planner.memory import usable_bytes
 from bidirl.planner.predict import HORIZON_STEPS, Prediction, predict, with_pipeline
+from bidirl.planner.runnable import unrunnable_reason
 
 __all__ = ["PlanError", "PlanResult", "Candidate", "plan", "evaluate",
            "candidate_envelopes", "scenario_with_envelope"]
@@ -197,10 +198,13 @@ def _no_fit_error(ctx: PlanContext, scenario, rejected: list[Rejection]) -> Plan
             f" GiB is available ({usable_bytes(hw) / GIB:.2f} GiB usable of {hw.memory_gib} GiB"
             f"); closest: {best.reason}; rejected: {by}")
     first = rejected[0].reason if rejected else "no envelope to evaluate"
-    return PlanError(f"{head}: rejected: {by}; e.g. {first}")
+    hint = ("; --what-if plans layouts the runtime cannot run yet, for the simulator"
+            if any(r.constraint == "runtime" for r in rejected) else "")
+    return PlanError(f"{head}: rejected: {by}; e.g. {first}{hint}")
 
 
-def plan(scenario, top_k: int = 5, steps: int | None = None, policy: str = "bidirl") -> PlanResult:
+def plan(scenario, top_k: int = 5, steps: int | None = None, policy: str = "bidirl",
+         runnable_only: bool = False) -> PlanResult:
     """Choose the envelope with the best predicted throughput for ``scenario`` run by ``policy``.
 
     ``steps`` is the horizon the throughput is predicted over (default: the scenario's
@@ -208,6 +212,8 @@ def plan(scenario, top_k: int = 5, steps: int | None = None, policy: str = "bidi
     ``policy`` sets what the predictions may borrow and the staleness they keep
     (``context.borrow_options``): a policy that never borrows gets the split best without
     borrowing, not one that only a lending trainer makes good.
+    ``runnable_only``: keep only layouts the real runtime executes (``planner.runnable``; what
+    ``bidirl plan`` picks unless ``--what-if``); the others are rejected as ``runtime``.
     """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -216,6 +222,10 @@ def plan(scenario, top_k: int = 5, steps: int | None = None, policy: str = "bidi
     rejected: list[Rejection] = []
     envs = candidate_envelopes(ctx)
     for env in envs:
+        why = unrunnable_reason(env) if runnable_only else None
+        if why is not None:
+            rejected.append(Rejection(env, "runtime", why))
+            continue
         res = evaluate(ctx, env, pipeline=False)
         (rejected if isinstance(res, Rejection) else cands).append(res)
     if not cands:
