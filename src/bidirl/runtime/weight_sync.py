@@ -145,6 +145,9 @@ class WeightLink:
         self.bucket_bytes = bucket_bytes
         self.tracker = DeltaTracker()  # the sender's: what the group holds
         self.held: dict[str, Any] = {}  # a receiver's: the full weights, when deltas arrive
+        # Buckets kept from sync to sync: a fresh 64 MiB buffer's first touch (page faults)
+        # cost as much as its broadcast (measured, bench/weight_sync.py).
+        self._staging: dict[tuple[int, int], Any] = {}
 
     # -- the group ---------------------------------------------------------------------
     def join(self, generation: int, addr: str, port: int, rank: int, world: int, device: str = "cpu") -> float:
@@ -166,7 +169,7 @@ class WeightLink:
         self._store = store  # the master (rank 0) must outlive the others' use of it
         self.generation, self.rank, self.device = generation, rank, device
         self.tracker.forget()
-        self.held = {}
+        self.held, self._staging = {}, {}
         return time.perf_counter() - t0
 
     def _broadcast(self, t) -> None:
@@ -207,7 +210,7 @@ class WeightLink:
             if len(members) == 1:  # a bucket of one tensor: broadcast it in place
                 buf = _flat_bytes(named[members[0][0]], self.device)
             else:
-                buf = torch.empty(size, dtype=torch.uint8, device=self.device)
+                buf = self._buffer(b, size)
                 for name, _, _, _, off, n in members:
                     buf[off:off + n].copy_(_flat_bytes(named[name], self.device))
             self._broadcast(buf)
@@ -241,26 +244,36 @@ class WeightLink:
         return payload["version"], got, moved
 
     def recv(self) -> tuple[int, dict[str, Any], int]:
-        """(version, the full named weights, bytes received): views into the buckets, merged
-        into the held weights when the sender sent a delta."""
+        """(version, the full named weights, bytes received): views into the link's buckets,
+        valid until the next ``recv`` (the replica loads them into its engine before), or
+        with a delta, the held weights it was merged into."""
         import torch
 
         if self.pg is None:
             raise RuntimeError("weight link: recv before join")
         version, delta, entries, sizes = pickle.loads(self._bytes(None))
         bufs = []
-        for size in sizes:
-            buf = torch.empty(size, dtype=torch.uint8, device=self.device)
+        for b, size in enumerate(sizes):
+            buf = self._buffer(b, size)
             self._broadcast(buf)
             bufs.append(buf)
         got = {name: bufs[b][off:off + n].view(_torch_dtype(dt)).view(shape)
                for name, shape, dt, b, off, n in entries}
         if self.device == "cpu":
             got = {k: v.numpy() for k, v in got.items()}
-        if delta:
-            self.held.update(got)
+        if delta:  # the buckets are reused: what is held must own its bytes
+            self.held.update({k: v.copy() if isinstance(v, np.ndarray) else v.clone() for k, v in got.items()})
             got = dict(self.held)
         return version, got, sum(e[5] for e in entries)
+
+    def _buffer(self, index: int, size: int):
+        """Bucket ``index``'s buffer of ``size`` bytes, kept for the next sync."""
+        import torch
+
+        buf = self._staging.get((index, size))
+        if buf is None:
+            buf = self._staging[(index, size)] = torch.empty(size, dtype=torch.uint8, device=self.device)
+        return buf
 
 
 def _flat_bytes(t, device: str):
