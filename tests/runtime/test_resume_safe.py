@@ -17,14 +17,15 @@ RESUME_SAFE_BEFORE = (
     "run.val_every", "run.val_before_train", "run.val_samples", "run.train_samples_every",
     "run.train_samples", "run.wandb", "run.wandb_project", "run.wandb_name", "run.worker_log_level",
     "data.val_files", "data.val_max_samples", "rollout.val_temperature",
-    "algorithm.filter_groups.max_num_gen_batches")  # when dynamic sampling gives up, added with the field
+    "algorithm.filter_groups.max_num_gen_batches",  # when dynamic sampling gives up, added with the field
+    "rollout.weight_sync", "rollout.weight_sync_delta")  # how weights travel, not which: added with the fields
 
 
 def test_the_resume_safe_fields_are_the_ones_listed_before():
     fields = [name for name, *_ in describe(TrainConfig)]
     before = {k for k in fields if k.startswith(RESUME_SAFE_BEFORE) and k != "run.run_dir"}
     assert {k for k in fields if resume_safe(k)} == before
-    assert len(before) == 47 and "trainer.lr" in before and "cluster.ray_address" in before
+    assert len(before) == 49 and "trainer.lr" in before and "cluster.ray_address" in before
     for refused in ("run.run_dir", "run.seed", "data.seed", "rollout.group_size", "scheduler.staleness", "model.path",
                     "algorithm.adv_estimator", "algorithm.loss_agg_mode", "algorithm.rollout_correction.rollout_is",
                     "algorithm.overlong_buffer.enable", "algorithm.filter_groups.enable"):  # what the run optimises

@@ -23,7 +23,7 @@ def test_the_weight_sync_model_learns_the_devices_load_not_the_drivers_wait():
     assert all(ev.seconds >= ev.load_s + costs.weights_s - 1e-12 for ev in syncs)  # the wait is outside it
     model = run.executor.controller.state.est.models["weight_sync"]
     assert model.observations == len(syncs)
-    assert model.predict((1.0,)) == pytest.approx(costs.sync_s, rel=0.05)
+    assert run.executor.controller.state.est.weight_sync_s() == pytest.approx(costs.sync_s, rel=0.05)
 
 
 def test_each_prefill_burst_is_one_measurement_the_prefill_model_learns():

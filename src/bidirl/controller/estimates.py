@@ -19,7 +19,7 @@ from statistics import median
 from bidirl.controller.actions import MicroBatch
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.perf.calibration import SCALE_WINDOW, WARMUP, LinearTimeModel
-from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, weight_sync_s
+from bidirl.perf.stage_models import RolloutStageModel, TrainStageModel, weight_sync_prior
 from bidirl.perf.switch_costs import SwitchCostEstimator, switch_priors
 
 # The stage models each admission's prediction rests on (its margin uses their error).
@@ -164,8 +164,10 @@ class Estimates:
         self.aux = TrainStageModel(hw, m, spec.rollout_tp, scale)
         self.aux.micro = AuxMicroModel(self.aux.micro, self.train.micro, spec.train_tp / max(spec.rollout_tp, 1))
         self.switch = SwitchCostEstimator(switch_priors(hw, m, spec.rollout_tp, spec.rollout_tp))
-        self.weight_sync = LinearTimeModel(
-            "weight_sync", (weight_sync_s(hw, m, spec.devices > hw.devices_per_node) * scale,))
+        # t = a + b * GB moved: a delta sync moves less than the weights (runtime/weight_sync.py)
+        latency, per_gb = weight_sync_prior(hw, spec.devices > hw.devices_per_node)
+        self.weight_sync = LinearTimeModel("weight_sync", (latency * scale, per_gb * scale))
+        self.sync_gb = m.weights_bytes / 1e9  # what the next sync is expected to move: the last one's
         # The online-calibrated models, keyed by the ``StageMeasured.stage`` that feeds each.
         self.models = {"decode": self.rollout.decode, "prefill": self.rollout.prefill,
                        "train_micro": self.train.micro, "aux_micro": self.aux.micro,
@@ -183,7 +185,9 @@ class Estimates:
     # -- learning -------------------------------------------------------------------
     def observe(self, stage: str, features: tuple[float, ...], seconds: float) -> None:
         """Feed one measurement to the model of ``stage``."""
-        if stage in self.models:
+        if stage == "weight_sync":
+            self.observe_sync(seconds)
+        elif stage in self.models:
             self.models[stage].observe(features, seconds)
         elif stage == "colocated_switch":
             self.colocated.append(seconds)
@@ -208,7 +212,14 @@ class Estimates:
             else:
                 self.observe(kind, (), seconds)
         for seconds in weight_loads:
-            self.models["weight_sync"].observe((1.0,), seconds, scored=False)
+            self.observe_sync(seconds, scored=False)
+
+    def observe_sync(self, seconds: float, bytes_moved: int | None = None, scored: bool = True) -> None:
+        """A weight sync's time, at ``bytes_moved`` (None: the whole weights): the per-byte
+        cost the model learns once deltas and full syncs both occur."""
+        if bytes_moved is not None:
+            self.sync_gb = bytes_moved / 1e9
+        self.weight_sync.observe((1.0, self.sync_gb), seconds, scored=scored)
 
     # -- rollout --------------------------------------------------------------------
     def tail_s(self, batch: float) -> float:
@@ -248,7 +259,7 @@ class Estimates:
         return self.train.sync_s(s.train_dp, s.train_spans_nodes) + self._optimizer_s
 
     def weight_sync_s(self) -> float:
-        return self.weight_sync.predict((1.0,))
+        return self.weight_sync.predict((1.0, self.sync_gb))
 
     # -- switches across nodes ---------------------------------------------------------
     def node_of(self, device: int) -> int:

@@ -80,12 +80,15 @@ class WeightsSynced:
     ``seconds``: from the sync's issue to the last replica's load, as the driver saw it;
     ``load_s``: where the runtime timed the load on the devices (the slowest replica's,
     without the wait for a decode step in progress or behind other calls), the weight-sync
-    model's measurement when given (the simulator's ``seconds`` is the load itself).
+    model's measurement when given (the simulator's ``seconds`` is the load itself);
+    ``bytes_moved``: what crossed to each replica (a delta's changed tensors; None: the whole
+    weights), the per-byte feature of that model.
     """
 
     version: int
     seconds: float
     load_s: float | None = None
+    bytes_moved: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -271,7 +271,7 @@ class ClusterState:
             version[u] = ev.version
         for u in self.spec.train_unit_ids():
             version[u] = max(version[u], ev.version)
-        self.est.observe("weight_sync", (1.0,), ev.seconds if ev.load_s is None else ev.load_s)
+        self.est.observe_sync(ev.seconds if ev.load_s is None else ev.load_s, ev.bytes_moved)
 
     def _on_lent(self, ev: DeviceLent) -> None:
         u, t0, units = ev.unit, self.t - ev.seconds, self.units

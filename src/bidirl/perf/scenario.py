@@ -174,6 +174,9 @@ class Costs:
     """Overrides of the priors (seconds); ``null`` keeps the profile-derived prior."""
 
     weight_sync_s: float | None = _cost("weight broadcast to the rollout replicas")
+    weight_sync_s_per_gb: float | None = _cost(
+        "a measured transport's seconds per GB of weights (bench/weight_sync.py's per-byte fit; "
+        "null: the link's bandwidth); used when weight_sync_s is null")
     roll_on_train_c_in_s: float | None = _cost("switch a train device to rollout")
     roll_on_train_c_out_s: float | None = _cost("switch it back")
     train_on_roll_c_in_s: float | None = _cost("switch a rollout replica to auxiliary training")

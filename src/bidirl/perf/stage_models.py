@@ -20,7 +20,7 @@ profiles::
 
 Collectives cost ``HardwareProfile.all_reduce_s``: a latency per link crossing and the
 bytes over the bandwidth, inside a node or across nodes.
-    weight sync  t = a_w + weights_bytes / bandwidth
+    weight sync  t = a_w + bytes_moved / bandwidth   (bytes_moved: a delta's, else weights_bytes)
 
 A replica's throughput follows from the decode model, so long tails appear by
 themselves when a few long responses keep a replica stepping at tiny batch.
@@ -170,8 +170,19 @@ class TrainStageModel:
         return max(per_rank) + self.sync_s(dp, spans_nodes) + self.optimizer_s()
 
 
-def weight_sync_s(hw: HardwareProfile, m: ModelProfile, spans_nodes: bool = True) -> float:
+def weight_sync_prior(hw: HardwareProfile, spans_nodes: bool = True,
+                      s_per_gb: float | None = None) -> tuple[float, float]:
+    """(latency s, seconds per GB moved) of pushing weights to the replicas: the weight-sync
+    model's coefficients; ``s_per_gb`` a measured transport's (``bench/weight_sync.py``,
+    ``costs.weight_sync_s_per_gb``) instead of the link's bandwidth."""
+    if s_per_gb is None:
+        s_per_gb = 1.0 / (hw.inter_node_gbps if spans_nodes else hw.intra_node_gbps)
+    return 0.2, s_per_gb
+
+
+def weight_sync_s(hw: HardwareProfile, m: ModelProfile, spans_nodes: bool = True,
+                  s_per_gb: float | None = None) -> float:
     """Prior for pushing new weights from the trainer to the rollout replicas (broadcast)."""
-    bw = (hw.inter_node_gbps if spans_nodes else hw.intra_node_gbps) * 1e9
-    return 0.2 + m.weights_bytes / bw
+    latency, per_gb = weight_sync_prior(hw, spans_nodes, s_per_gb)
+    return latency + m.weights_bytes / 1e9 * per_gb
 

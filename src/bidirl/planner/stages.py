@@ -92,7 +92,8 @@ def _model(ctx: PlanContext, env: Envelope) -> _Model:
     max_rank = per_rank * t_full if full >= per_rank else full * t_full + t_rest
     t_aux = ctx.train_model(env.rollout_tp).microbatch_s(micro, L.train_seq_len)
     spans = _spans_nodes(env.rollout_devices, env.train_devices, hw.devices_per_node)
-    w = ctx.cost("weight_sync_s", weight_sync_s(hw, ctx.model, ctx.devices > hw.devices_per_node))
+    per_gb = getattr(ctx.costs, "weight_sync_s_per_gb", None) if ctx.costs is not None else None
+    w = ctx.cost("weight_sync_s", weight_sync_s(hw, ctx.model, ctx.devices > hw.devices_per_node, per_gb))
     generated = ctx.generated_per_step  # B: responses rolled out per step (dynamic sampling: / keep rate)
     per_replica = max(1, round(generated / env.rollout_replicas))
     c_roll, c_roll_in, c_train = _switch_costs(ctx, env)

@@ -34,6 +34,7 @@ from bidirl.core.typed_config import (
 from bidirl.engines.trainer_config import TrainerConfig
 from bidirl.policy import policy_max_staleness, policy_names
 from bidirl.runtime.verl_names import VERL_ALIASES, VERL_FIXED, VERL_ROOTS, canonical, leaves
+from bidirl.runtime.weight_sync import check_transport
 
 __all__ = ["AlgorithmConfig", "ConfigError", "TrainConfig", "TrainerConfig", "load_config", "help_text",
            "resume_safe", "resume_safe_names"]
@@ -116,6 +117,13 @@ class RolloutConfig:
     max_num_seqs: int = option(128, "vLLM's concurrent sequences per replica", ge=1, resume_safe=True)
     kv_cache_mb: int = option(256, "vLLM KV-cache memory per replica (explicit: never sized from host RAM)",
                               ge=16, resume_safe=True)
+    weight_sync: str = option(
+        "object_store", "how new weights reach the replicas: object_store (a numpy dict through Ray's store), "
+        "collective (a bucketed broadcast over a group of the trainer and the replicas: gloo on CPU, NCCL on "
+        "CUDA), cuda_ipc (trainer and replica on one CUDA device)", resume_safe=True)
+    weight_sync_delta: bool = option(
+        False, "collective: send only the tensors whose bytes changed since the group's last sync "
+        "(LoRA, a frozen vision tower)", resume_safe=True)
 
 
 @dataclass
@@ -264,6 +272,10 @@ def _check(c: TrainConfig) -> TrainConfig:
          "scheduler.reproducible=true (the version gap that policy keeps)", c.scheduler.staleness)
     need(c.rollout.min_new_tokens <= c.rollout.max_new_tokens, "rollout.min_new_tokens",
          f"at most rollout.max_new_tokens ({c.rollout.max_new_tokens})", c.rollout.min_new_tokens)
+    try:
+        check_transport(c.rollout.weight_sync, c.cluster.device)
+    except ValueError as e:
+        raise ConfigError(f"rollout.{e}") from None
     need(c.data.val_max_samples != 0, "data.val_max_samples", "-1 (all) or at least 1", 0)
     need(not (c.algorithm.filter_groups.enable and c.scheduler.reproducible), "algorithm.filter_groups.enable",
          "false with scheduler.reproducible=true (which step a replacement group joins depends on when groups "

@@ -52,6 +52,7 @@ from bidirl.runtime.exits import primary_trainer_lost
 from bidirl.runtime.group_ids import GroupIds
 from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.rollout_driver import RolloutDriver
+from bidirl.runtime.sync_driver import SyncDriver
 from bidirl.runtime.train_driver import TrainDriver
 
 ENV_POLL_S = 0.02  # how often the loop looks at the episodes while one is in its environment (multi-turn)
@@ -72,6 +73,7 @@ class Job:
     version_offset: int = 0
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # the advantage estimator's settings
     hub: Any = None  # multi-turn: the run's ``runtime/trajectories.TrajectoryHub``; None: one turn per response
+    weight_sync: tuple = ("object_store", False, None)  # (transport, delta, rendezvous()): runtime/sync_driver.py
 
 
 @dataclass
@@ -136,6 +138,7 @@ class DeviceExecutor:
         self.sync_seconds: list[float] = []  # every weight sync's duration (timing_s/update_weights)
         self.rollout = RolloutDriver(self)
         self.trainer = TrainDriver(self)
+        self.sync = SyncDriver(self, *job.weight_sync)
 
     @property
     def spec(self):
@@ -210,28 +213,33 @@ class DeviceExecutor:
     # -- weights ------------------------------------------------------------------------
     def _sync(self, a: SyncWeights) -> None:
         t_start = self.now()
-        w = self.primary_weights()
         targets = [u for u in range(self.spec.n_units) if self.hosting.serves_rollout(u)]
         version = a.version + self.job.version_offset
         pending = {"n": len(targets), "load": []}
 
         def done(load_s):
             pending["n"] -= 1
+            if isinstance(load_s, tuple):  # a collective's (device seconds, bytes received)
+                load_s, pending["bytes"] = load_s
             if isinstance(load_s, (int, float)) and load_s > 0:  # the device's own timing
                 pending["load"].append(float(load_s))
             if pending["n"] == 0:
                 self.weights.version = version
                 self.sync_seconds.append(self.now() - t_start)
                 loads = pending["load"]
-                self.deliver(WeightsSynced(a.version, self.now() - t_start, max(loads) if loads else None))
+                self.deliver(WeightsSynced(a.version, self.now() - t_start, max(loads) if loads else None,
+                                           pending.get("bytes")))
 
         if not targets:
             self.weights.version = version
             self.deliver(WeightsSynced(a.version, 0.0))
         for u in targets:
             self.rollout.version[u] = version
-            self.calls.issue(self.unit_device(u), done, ("rollout", "weight sync"), "call",
-                             "rollout", "update_weights", w, version, on_lost=lambda: done(None))
+        if not self.sync.push(targets, version, done):
+            w = self.primary_weights()
+            for u in targets:
+                self.calls.issue(self.unit_device(u), done, ("rollout", "weight sync"), "call",
+                                 "rollout", "update_weights", w, version, on_lost=lambda: done(None))
         self.replica_weights_changed()
 
     def replica_weights_changed(self) -> None:
@@ -311,6 +319,7 @@ class DeviceExecutor:
         self.lost_devices.append((dev, self.now()))
         print(f"[bidirl] device {dev} (unit {u}) died; redoing its work and restarting it", file=sys.stderr)
         self.backend.restart(dev)
+        self.sync.forget()  # its end of the weight group died with it
         self.devices.switching[dev] = "restart"  # shown as switching until the replica is back
         self.calls.issue(dev, lambda _: self.devices.switching.pop(dev, None), None, "host", "rollout",
                          **{**self.job.rollout_kwargs, "weights": [self.primary_weights()],

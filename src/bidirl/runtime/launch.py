@@ -27,7 +27,7 @@ from bidirl.runtime.checkpoints import complete_checkpoints
 from bidirl.runtime.config import TrainConfig
 from bidirl.runtime.executor import DeviceExecutor, Job, Layout
 from bidirl.runtime.messages import rollout_wire
-from bidirl.runtime.placement import PREWARM_SYNC, WARM_UP, NodeLost, Placement, start_workers
+from bidirl.runtime.placement import PREWARM_SYNC, WARM_UP, NodeLost, Placement, rendezvous, start_workers
 
 
 def worker_settings(cfg: TrainConfig, model_dir: str, max_model_len: int, max_images: int = 0
@@ -67,6 +67,8 @@ def start_executor(cfg: TrainConfig, policy, spec: ClusterSpec, placement: Place
     backend = RayBackend(workers, new_worker)
     if wrap_backend is not None:
         backend = wrap_backend(backend, spec)
+    r = cfg.rollout  # the weight group's rendezvous is on the primary trainer's node
+    job.weight_sync = (r.weight_sync, r.weight_sync_delta, lambda: rendezvous(placement, train_devices[0]))
     ex = DeviceExecutor(controller, backend, job, Layout(unit_device, train_devices))
     ex.switches.extend((f"prewarm.{k}", v) for k, v, _ in switch_measurements)
     # The weight load timed on the replicas at start-up (learned above, unscored) is kept

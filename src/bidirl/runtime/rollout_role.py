@@ -213,8 +213,8 @@ class RolloutRole:
         """
         import torch  # lazy: see __init__ (loaded there already)
 
-        tensors = ((k, torch.from_numpy(v.copy() if not v.flags.writeable else v))
-                   for k, v in named_arrays.items())
+        tensors = ((k, v if isinstance(v, torch.Tensor) else torch.from_numpy(v.copy() if not v.flags.writeable else v))
+                   for k, v in named_arrays.items())  # tensors: a collective's buckets on CUDA
         with self._control():
             t0 = time.perf_counter()  # the load alone: not the wait for the step in progress
             self._llm.collective_rpc("reload_weights",

@@ -86,6 +86,10 @@ class TrainerRole:
     def weights(self) -> dict:
         return self.trainer.get_weights_numpy()
 
+    def named_tensors(self) -> dict:
+        """The parameters themselves, by their HF names (a collective broadcasts from them)."""
+        return {name: p.detach() for name, p in self.trainer.weights.items()}
+
     def set_weights(self, weights: dict, version: int) -> None:
         self.trainer.set_weights_numpy(weights, version)
 

@@ -19,6 +19,7 @@ from typing import Any
 from bidirl.engines.hf_io import quiet_hf_progress_bars
 from bidirl.runtime.rollout_role import RolloutRole
 from bidirl.runtime.vllm_env import apply_vllm_env, vllm_env
+from bidirl.runtime.weight_sync import WeightLink
 
 
 class DeviceWorker:
@@ -37,6 +38,7 @@ class DeviceWorker:
         # (vLLM sleep/wake on CUDA; on CPU the engine simply stays in host memory), so a
         # hot switch costs a weight load instead of an engine start.
         self.parked: dict[str, Any] = {}
+        self.link = WeightLink()  # this device's end of the weight-sync group (rollout.weight_sync)
 
     # -- hosting ----------------------------------------------------------------------
     def host(self, role: str, **kwargs) -> float:
@@ -99,6 +101,24 @@ class DeviceWorker:
         else:
             r.release()
         return time.perf_counter() - t0, handed_back
+
+    # -- weight sync over a group (runtime/weight_sync.py, runtime/sync_driver.py) ----------
+    def join_weights(self, generation: int, addr: str, port: int, rank: int, world: int) -> float:
+        import torch
+
+        return self.link.join(generation, addr, port, rank, world, "cuda" if torch.cuda.is_available() else "cpu")
+
+    def send_weights(self, version: int, delta: bool = False):
+        """The primary trainer (rank 0) broadcasts its parameters; a ``SyncRecord``."""
+        return self.link.send(self.roles["train"].named_tensors(), version, delta)
+
+    def recv_weights(self) -> tuple[float, int]:
+        """A replica receives and loads; (seconds from the header's arrival to the engine
+        holding the weights: the sync model's measurement, bytes received)."""
+        version, named, n = self.link.recv()
+        t0 = self.link.header_at
+        self.roles["rollout"].update_weights(named, version)
+        return time.perf_counter() - t0, n
 
     def kill(self) -> None:
         """Die now (fault-injection tests): Ray reports the actor as dead to the driver."""

@@ -93,7 +93,7 @@ def _truth(sc: Scenario, hw, m) -> Truth:
     overrides = {k: getattr(c, k.replace(".", "_") + "_s") for k in sw}
     sw.update({k: v for k, v in overrides.items() if v is not None})
     sync = c.weight_sync_s if c.weight_sync_s is not None else weight_sync_s(
-        hw, m, sc.devices > hw.devices_per_node)
+        hw, m, sc.devices > hw.devices_per_node, c.weight_sync_s_per_gb)
     colocated = c.colocated_switch_s if c.colocated_switch_s is not None else \
         sw["roll_on_train.c_in"]
     cal = sc.calibration

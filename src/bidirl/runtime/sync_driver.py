@@ -1,0 +1,69 @@
+"""How a ``SyncWeights`` reaches the replicas, for ``rollout.weight_sync``'s transport.
+
+``object_store`` (the default): the primary's weights are fetched once per version as a numpy
+dict in Ray's store (``PolicyWeights``) and every replica loads them (``update_weights``).
+
+``collective``: the primary trainer (rank 0) and the replicas being synced form a weight group
+(``runtime/weight_sync.WeightLink``, a process group apart from the trainer's data-parallel
+one); the trainer's ``send_weights`` and each replica's ``recv_weights`` are issued together and
+meet in a bucketed broadcast.  The group follows the replica set: a sync whose targets differ
+from the group's members (a trainer unit lent as a replica, or reclaimed; a replica lent as an
+auxiliary trainer, or home; a device restarted) first issues ``join_weights`` to every member
+of a new generation (a fresh rendezvous), in call order before the broadcast, so the driver
+never waits.  A rebuilt group starts with a whole send, so ``delta`` never assumes what a new
+member holds.  Weights given outside a sync (a lend's C_in, a replica's catch-up, a restart)
+still go through the object store.
+
+Every sync is recorded (transport, bytes, seconds): ``records``, and ``WeightsSynced.bytes_moved``
+feeds the weight-sync model's per-byte term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class SyncDriver:
+    def __init__(self, ex, transport: str = "object_store", delta: bool = False,
+                 rendezvous: Callable[[], tuple[str, int]] | None = None) -> None:
+        self.ex, self.transport, self.delta = ex, transport, delta
+        self.rendezvous = rendezvous
+        self.members: tuple[int, ...] | None = None  # the group's replica devices, in rank order
+        self.generation = -1
+        self.records: list[dict] = []  # {transport, version, bytes_moved, full_bytes, seconds, rebuilt}
+
+    def push(self, units: list[int], version: int, done: Callable[[object], None]) -> bool:
+        """Bring ``version`` to ``units``' replicas; ``done`` per replica (the device's load
+        seconds, or ``(seconds, bytes)``).  False: the object store's path is the caller's."""
+        if self.transport != "collective" or not units:
+            return False
+        ex = self.ex
+        trainer = ex.layout.train_devices[0]
+        devices = tuple(ex.unit_device(u) for u in units)
+        rebuilt = devices != self.members
+        if rebuilt:
+            self._rebuild(trainer, devices)
+        t0 = ex.now()
+
+        def sent(rec) -> None:
+            self.records.append({"transport": rec.transport, "version": rec.version, "bytes_moved": rec.bytes_moved,
+                                 "full_bytes": rec.full_bytes, "seconds": rec.seconds, "wall_s": ex.now() - t0,
+                                 "rebuilt": rebuilt, "replicas": len(devices)})
+
+        ex.calls.issue(trainer, sent, ("train", "weight sync"), "send_weights", version, self.delta)
+        for d in devices:
+            ex.calls.issue(d, done, ("rollout", "weight sync"), "recv_weights", on_lost=lambda: done(None))
+        return True
+
+    def _rebuild(self, trainer: int, devices: tuple[int, ...]) -> None:
+        addr, port = self.rendezvous()
+        self.generation += 1
+        world, g = len(devices) + 1, self.generation
+        self.ex.calls.issue(trainer, lambda _: None, None, "join_weights", g, addr, port, 0, world)
+        for rank, d in enumerate(devices, start=1):
+            self.ex.calls.issue(d, lambda _: None, None, "join_weights", g, addr, port, rank, world)
+        self.members = devices
+
+    def forget(self) -> None:
+        """A member's process is gone (a lost device): the next sync builds a new group."""
+        self.members = None
