@@ -165,8 +165,11 @@ def test_device_time_is_conserved_with_a_data_parallel_trainer(tmp_path, real_ru
 def test_every_policy_runs_for_real(tmp_path, policy, real_runtime_available):
     """async, sync and bidirl-opportunistic run in the tests above; these are the rest."""
     run = tmp_path / "run"
+    # bidirl lends both ways: its weights also move by the collective transport, a delta at a time
+    # (the sync group follows each lend and reclaim, runtime/sync_driver.py)
+    sync = ["rollout.weight_sync=collective", "rollout.weight_sync_delta=true"] if policy == "bidirl" else []
     out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=3", f"scheduler.policy={policy}",
-                  "run.plot=false", "run.tensorboard=false")
+                  "run.plot=false", "run.tensorboard=false", *sync)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["audit"]["ok"], summary["audit"]
