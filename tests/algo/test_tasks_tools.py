@@ -144,3 +144,16 @@ def test_warm_start_episodes_train_the_model_turns_only():
     assert f"\\boxed{{{value}}}" in trained  # the expert answers what the tool returned
     assert p == prompt_ids(tok, [{"role": "user", "content": tok.decode(p).split("<|user|>")[1].split("<|")[0]}],
                            None)
+
+
+def test_guess_number_without_its_feedback_scores_under_0_2():
+    """The best play that ignores the feedback: the training split's 8 most common secrets, one
+    per turn, on the validation split (over 1-32 that won 8 in 32, 0.25: the range is 64 for this)."""
+    rows = GUESS_NUMBER.rows(512)
+    best = [g for g, _ in Counter(r["reward_model"]["ground_truth"] for r in rows).most_common(8)]
+    scores = []
+    for r in GUESS_NUMBER.rows(256, split="test"):
+        turns = iter(best)
+        scores.append(run_episode(GUESS_NUMBER.environment(), r, lambda m, t=turns: next(t), chars,
+                                  LIMITS["guess_number"]).reward)
+    assert sum(scores) / len(scores) < 0.2

@@ -84,3 +84,19 @@ def test_warm_start_gives_partial_reward(tiny_model_dir, tmp_path):
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     warm_start(tiny_model_dir, out, tasks=("copy",))
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_a_warm_start_is_redone_when_its_tasks_rows_change(tiny_model_dir, tmp_path, monkeypatch):
+    """The cache is keyed by the rows too: a task whose rows changed (a new range, a new
+    template) gets a new warm start, not the old one from the cache."""
+    import json
+
+    import bidirl.models.warm_start as ws
+
+    out = ws.warm_start(tiny_model_dir, tmp_path / "warm", tasks=("copy",), steps=2)
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    spec = json.loads((out / "bidirl_warm_start.json").read_text())["spec"]
+    assert spec["rows"] == ws.rows_fingerprint(("copy",), 0) != ws.rows_fingerprint(("reverse",), 0)
+    monkeypatch.setattr(ws, "rows_fingerprint", lambda tasks, seed: "changed")
+    ws.warm_start(tiny_model_dir, out, tasks=("copy",), steps=2)
+    assert (out / "model.safetensors").stat().st_mtime_ns != stamp

@@ -5,10 +5,12 @@
   (:class:`KeyValueLookupEnv`, a :class:`~bidirl.algo.tools.ToolEnvironment`) and answer the
   value in ``\\boxed{}`` or on its last line (reward 1, else 0).  Values are random 4-digit
   numbers: the best constant answer scores about 1 in 10,000.
-- ``guess_number``: a secret number in ``[low, high]`` (1-32 by default); each turn the model
+- ``guess_number``: a secret number in ``[low, high]`` (1-64 by default); each turn the model
   guesses, the environment answers ``higher`` / ``lower`` (:class:`GuessNumberEnv`); reward 1
   for the right guess within the turn limit (:data:`GUESS_MAX_TURNS`: a binary search needs
-  at most 6).  A constant guess wins only when it is the secret: about 1 in 32.
+  at most 7).  Without the feedback no play does well: a constant guess wins 1 time in 64,
+  the best fixed sequence of 8 distinct guesses 8 in 64 (0.125; over 1-32 it was 0.25, which
+  is why the range is 64).
 
 Rows are veRL's layout (``prompt``, ``data_source``, ``reward_model.ground_truth``,
 ``extra_info`` with ``index`` and ``split``), the same for the same ``(n, seed, split)``;
@@ -28,7 +30,9 @@ from dataclasses import dataclass
 from bidirl.algo.tools import ToolEnvironment
 
 GUESS_MAX_TURNS = 8
-"""Turns a ``guess_number`` episode gets (a binary search over 1-32 needs at most 6)."""
+"""Turns a ``guess_number`` episode gets (a binary search over 1-64 needs at most 7)."""
+GUESS_HIGH = 64
+"""``guess_number``'s default range is 1-``GUESS_HIGH``."""
 LOOKUP_MAX_TURNS = 4
 """Turns a ``kv_lookup`` episode gets (one lookup and the answer need 2)."""
 
@@ -92,7 +96,7 @@ class KeyValueLookupEnv(ToolEnvironment):
 
 
 # -- guess_number ------------------------------------------------------------------------------
-def _guess_row(rng: random.Random, low: int = 1, high: int = 32) -> tuple[str, str, dict]:
+def _guess_row(rng: random.Random, low: int = 1, high: int = GUESS_HIGH) -> tuple[str, str, dict]:
     secret = rng.randint(low, high)
     prompt = (f"I am thinking of a whole number from {low} to {high}. Guess it: answer with one number; I will "
               "say higher or lower.")
@@ -105,12 +109,12 @@ class GuessNumberEnv:
     def __init__(self, tool_latency_s: float | None = None) -> None:
         self.given_latency = tool_latency_s
         self.latency = 0.0
-        self.secret, self.low, self.high, self.guesses = 0, 1, 32, 0
+        self.secret, self.low, self.high, self.guesses = 0, 1, GUESS_HIGH, 0
 
     def reset(self, row: dict) -> list[dict]:
         extra = row.get("extra_info") or {}
         self.secret = int(row["reward_model"]["ground_truth"])
-        self.low, self.high = int(extra.get("low", 1)), int(extra.get("high", 32))
+        self.low, self.high = int(extra.get("low", 1)), int(extra.get("high", GUESS_HIGH))
         self.latency, self.guesses = _latency(row, self.given_latency), 0
         prompt = row["prompt"]
         return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
@@ -147,7 +151,7 @@ def lookup_expert(row: dict) -> Callable[[list[dict]], str]:
 def guess_expert(row: dict) -> Callable[[list[dict]], str]:
     """``guess_number`` played right: a binary search over the range, led by the feedback."""
     extra = row.get("extra_info") or {}
-    bounds = [int(extra.get("low", 1)), int(extra.get("high", 32))]
+    bounds = [int(extra.get("low", 1)), int(extra.get("high", GUESS_HIGH))]
 
     def turn(messages: list[dict]) -> str:
         last = messages[-1]["content"]

@@ -14,6 +14,7 @@ next to a ``bidirl_warm_start.json`` marker that makes the call idempotent.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -68,6 +69,14 @@ def episode_examples(task_name: str, n: int, tokenizer, seed: int) -> list[tuple
     return out
 
 
+def rows_fingerprint(tasks, seed: int) -> str:
+    """A short hash of the tasks' first SFT rows: a cached warm start of a task whose rows have
+    since changed (guess_number's range went from 32 to 64) is redone, not reused."""
+    tool = [t for t in tasks if t in TOOL_TASKS]
+    rows = TOOL_TASKS[tool[0]].rows(8, seed=seed, split="sft") if tool else mixed_rows(list(tasks), 8, seed, "sft")
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def _batch(examples, pad_id: int):
     """Padded ids, labels (-100 off the answer, and on a trajectory's environment tokens) and
     the attention mask of (prompt, answer) or (prompt, trajectory, loss mask) examples."""
@@ -104,7 +113,7 @@ def warm_start(
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     spec = {
         "source": str(model_dir.resolve()), "tasks": list(tasks), "steps": steps,
-        "batch_size": batch_size, "lr": lr, "seed": seed,
+        "batch_size": batch_size, "lr": lr, "seed": seed, "rows": rows_fingerprint(tasks, seed),
     }
     marker = out_dir / _MARKER
     if marker.is_file() and json.loads(marker.read_text()).get("spec") == spec:
