@@ -6,7 +6,7 @@ layer ``W0`` (``model.lora_target_modules``) gains two adapters, ``A`` (rank x i
 ``scale = lora_alpha / lora_rank``.  Only ``A`` and ``B`` train: they alone have gradients
 and AdamW state, they alone are checkpointed, and they alone cross to auxiliary trainers
 and to replicas.  Why: a weight sync then carries the adapters, not the model (rank 16:
-0.36 MB for the default tiny model against 2.6 MB; 40 MB for a Qwen3-0.6B shape against
+0.36 MB for the default tiny model against 2.3 MB; 40 MB for a Qwen3-0.6B shape against
 2.4 GB in fp32: docs/algorithm.md, "LoRA").
 
 Names: an adapter tensor is named as PEFT saves it (``base_model.model.<module>.lora_A.weight``),
@@ -124,8 +124,9 @@ def export_merged(adapter_dir: Path, out_dir: Path) -> Path:
     import torch
     from peft import PeftModel
 
-    from bidirl.engines.hf_io import auto_model_class, write_model_dir  # lazy: torch, as above
+    from bidirl.engines.hf_io import auto_model_class, quiet_hf_progress_bars, write_model_dir  # lazy: as above
 
+    quiet_hf_progress_bars()
     base_dir = Path(json.loads((adapter_dir / ADAPTER_CONFIG).read_text())["base_model_name_or_path"])
     if not (base_dir / "config.json").is_file():
         raise FileNotFoundError(f"{adapter_dir / ADAPTER_CONFIG}: its base model {base_dir} is not a model directory "

@@ -77,8 +77,8 @@ from bidirl.runtime.executor import Job
 from bidirl.runtime.group_ids import GroupIds
 from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.launch import node_lost, start_executor, worker_settings
-from bidirl.runtime.placement import check_machine_fits, place
 from bidirl.runtime.model_check import check_lora_targets
+from bidirl.runtime.placement import check_machine_fits, place
 from bidirl.runtime.prepare import (
     PromptLengths,
     check_model_shape,
