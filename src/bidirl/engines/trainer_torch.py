@@ -325,8 +325,8 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ weights and state
     def get_weights_numpy(self) -> dict[str, np.ndarray]:
-        """Checkpoint-named fp32 copies of all parameters, a frozen vision tower's included
-        (safe to ship; not views)."""
+        """Checkpoint-named fp32 copies of :attr:`weights` (all parameters, a frozen vision
+        tower's included; with LoRA the adapters alone), safe to ship: not views."""
         return {name: p.detach().to("cpu").numpy().copy() for name, p in self.weights.items()}
 
     @torch.no_grad()
