@@ -48,3 +48,44 @@ def test_a_target_the_model_lacks_is_named_before_any_worker(tiny_model_dir):
     with pytest.raises(ConfigError, match=r"^model.lora_target_modules: c_attn name\(s\) no layer .* q_proj"):
         check_lora_targets(load_config(None, ["model.lora_rank=8", "model.lora_target_modules=q_proj,c_attn"]),
                            tiny_model_dir)
+
+
+def test_an_adapter_checkpoint_resumes_and_exports_as_adapters_or_merged(tiny_model_dir, tmp_path, capsys):
+    """A LoRA run's checkpoint holds an adapter directory: it is a usable checkpoint, ``bidirl
+    export`` copies it, ``--merged`` writes a full model directory of base + adapters."""
+    import shutil
+
+    import torch
+    from test_resume_files import PPS, _checkpoint, _run_dir
+    from transformers import AutoModelForCausalLM
+
+    from bidirl.cli import main
+    from bidirl.engines.lora import LoraSettings
+    from bidirl.engines.trainer_torch import TorchTrainer
+    from bidirl.runtime.checkpoint_integrity import write_manifest
+    from bidirl.runtime.checkpoints import select_checkpoint
+
+    tr = TorchTrainer(tiny_model_dir, lora=LoraSettings(4, 8.0, ("q_proj", "v_proj")))
+    with torch.no_grad():
+        for name, p in tr.weights.items():
+            p.add_(0.1 if "lora_B" in name else 0.0)
+    run = _run_dir(tmp_path, 4)
+    ck = _checkpoint(run, 4)
+    shutil.rmtree(ck / "model")
+    tr.save_pretrained(ck / "model")
+    write_manifest(ck)
+    assert select_checkpoint(run / "checkpoints", run / "trained_groups.jsonl", PPS)[0] == ck
+
+    assert main(["export", str(run), str(tmp_path / "adapter")]) == 0
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {f.name for f in (tmp_path / "adapter").iterdir()}
+    assert main(["export", "--merged", str(run), str(tmp_path / "merged")]) == 0
+    ids = torch.tensor([[1, 5, 106, 118, 119, 6]])
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")(input_ids=ids).logits
+        assert torch.allclose(got, tr.model(input_ids=ids).logits, atol=1e-4)
+    capsys.readouterr()
+    (tmp_path / "full").mkdir()
+    full = _run_dir(tmp_path / "full", 4, checkpoints=(4,))
+    write_manifest(full / "checkpoints" / "step_4")
+    assert main(["export", "--merged", str(full), str(tmp_path / "x")]) == 2
+    assert "holds full weights already" in capsys.readouterr().err
