@@ -223,10 +223,9 @@ class RolloutRole:
 
         if self._lora is not None:
             tensors = iter(self._lora.merged(named_arrays).items())
-        else:
-            tensors = ((k, v if isinstance(v, torch.Tensor) else torch.from_numpy(v.copy() if not v.flags.writeable
-                                                                                  else v))
-                       for k, v in named_arrays.items())  # tensors: a collective's buckets on CUDA
+        else:  # tensors: a collective's buckets on CUDA; arrays from Ray's store may be read-only
+            tensors = ((k, v if isinstance(v, torch.Tensor) else torch.from_numpy(v if v.flags.writeable else v.copy()))
+                       for k, v in named_arrays.items())
         with self._control():
             t0 = time.perf_counter()  # the load alone: not the wait for the step in progress
             self._llm.collective_rpc("reload_weights",
