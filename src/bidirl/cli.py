@@ -224,7 +224,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    src = export_model(Path(args.run_dir), Path(args.out), args.step)
+    src = export_model(Path(args.run_dir), Path(args.out), args.step, merged=args.merged)
     print(f"[bidirl] exported {src} -> {args.out}", file=sys.stderr)
     return 0
 
@@ -316,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir", help="the run directory (bidirl train --run-dir)")
     e.add_argument("out", help="a new (or empty) directory to write")
     e.add_argument("--step", type=_count(0), help="the checkpoint's step (default: the newest complete one)")
+    e.add_argument("--merged", action="store_true", help="a LoRA run: the base model with the adapters merged in, "
+                   "as a full model directory (default: the adapter directory, for peft.PeftModel.from_pretrained)")
     e.set_defaults(func=cmd_export)
 
     m = sub.add_parser("make-model", help="write a model directory of a real architecture with random weights",

@@ -6,7 +6,8 @@ weights only at batch boundaries and restarts an interrupted response from its o
 ``bidirl-opportunistic`` on two (the bidirl scheduler lending every idle device, both
 directions: borrowed replicas reclaimed mid-generation, auxiliary trainers computing
 chunks, replicas coming home having missed a sync) must then end with the same weights,
-bit for bit, over 20 steps, with validations interrupting generation on the way.
+bit for bit, over 20 steps, with validations interrupting generation on the way.  With LoRA
+(``model.lora_rank``) too: only the adapters cross, and the replicas merge them alike.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ def _weights(run):
     return out
 
 
-def test_async_and_bidirl_end_bitwise_equal(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["model.lora_rank=8", "trainer.lr=5e-3"]], ids=["full", "lora"])
+def test_async_and_bidirl_end_bitwise_equal(tmp_path, extra):
     import numpy as np
 
     runs = {}
     for policy, replicas in (("async", 1), ("bidirl-opportunistic", 2)):
         run = tmp_path / policy
-        out = run_cli("train", "--run-dir", str(run), *ARGS, f"scheduler.policy={policy}",
+        out = run_cli("train", "--run-dir", str(run), *ARGS, *extra, f"scheduler.policy={policy}",
                       f"cluster.rollout_devices={replicas}", "cluster.oversubscribe=true")
         assert out.returncode == 0, out.stderr[-3000:]
         runs[policy] = (json.loads((run / "summary.json").read_text()), _weights(run))
@@ -50,6 +52,8 @@ def test_async_and_bidirl_end_bitwise_equal(tmp_path):
         s_bidirl["borrows"]
     assert s_async["audit_ok"] and s_bidirl["audit_ok"]
     assert w_async.keys() == w_bidirl.keys()
+    if extra:  # the checkpoint holds the adapters alone
+        assert all(".lora_A." in k or ".lora_B." in k for k in w_async)
     differ = [k for k in w_async if not np.array_equal(w_async[k], w_bidirl[k])]
     assert not differ, f"weights differ: {differ[:5]}"
     assert s_async["rewards"] == s_bidirl["rewards"]  # every step trained the same samples

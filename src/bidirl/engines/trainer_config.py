@@ -107,13 +107,14 @@ class TrainerConfig:
 
 def trainer_wire(cfg: TrainerConfig, device: str, seed: int, steps: int | None = None,
                  algorithm: AlgorithmConfig | None = None, max_new_tokens: int | None = None,
-                 freeze_vision_tower: bool = False) -> dict[str, Any]:
+                 freeze_vision_tower: bool = False, lora: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a device worker is sent to build a trainer: plain data (it crosses Ray).
 
     ``steps`` (``run.steps``) fills ``lr_decay_steps`` when it is null; ``algorithm`` (the
     train config's ``algorithm`` section; None: the defaults) goes along, its null
     ``loss_scale_factor`` filled with ``max_new_tokens`` (``rollout.max_new_tokens``).
-    ``freeze_vision_tower`` is ``model.freeze_vision_tower`` (sent only when set)."""
+    ``freeze_vision_tower`` is ``model.freeze_vision_tower`` (sent only when set), ``lora``
+    the ``model.lora_*`` fields (``LoraSettings.wire()``; sent only when LoRA is on)."""
     if steps is not None and cfg.lr_decay_steps is None:
         cfg = dataclasses.replace(cfg, lr_decay_steps=steps)
     algorithm = algorithm or AlgorithmConfig()
@@ -122,13 +123,15 @@ def trainer_wire(cfg: TrainerConfig, device: str, seed: int, steps: int | None =
     wire = {"config": as_dict(cfg), "algorithm": as_dict(algorithm), "device": device, "seed": seed}
     if freeze_vision_tower:
         wire["freeze_vision_tower"] = True
+    if lora:
+        wire["lora"] = lora
     return wire
 
 
 def from_wire(wire: dict[str, Any], threads: int | None = None
               ) -> tuple[TrainerConfig, AlgorithmConfig, str, int]:
     """``trainer_wire``'s inverse; ``threads`` (the worker's own setting) wins if given."""
-    unknown = sorted(set(wire) - {"config", "algorithm", "device", "seed", "freeze_vision_tower"})
+    unknown = sorted(set(wire) - {"config", "algorithm", "device", "seed", "freeze_vision_tower", "lora"})
     if unknown:  # e.g. a flat {"lr": ...}: silently dropping it would train with defaults
         raise ValueError(f"trainer wire: unknown keys {unknown}; build it with trainer_wire(...)")
     data = dict(wire.get("config", {}))

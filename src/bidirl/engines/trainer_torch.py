@@ -50,6 +50,7 @@ from bidirl.algo.algorithm_config import AlgorithmConfig
 from bidirl.algo.objective import policy_objective
 from bidirl.engines.dp_reduce import all_reduce_step, global_totals
 from bidirl.engines.hf_io import auto_model_class, check_finite, is_vision_language, load_weights, write_model_dir
+from bidirl.engines.lora import LoraSettings, adapter_parameters, read_adapter, save_adapter, with_lora, write_merged
 from bidirl.engines.policy_forward import forward_logp, loss_settings, reference_kl_sums, reference_logp
 from bidirl.engines.torch_setup import set_torch_threads
 from bidirl.engines.train_batch import (
@@ -73,10 +74,11 @@ class TorchTrainer:
 
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None, process_group=None,
                  *, device: str = "cpu", seed: int = 0, algorithm: AlgorithmConfig | None = None,
-                 freeze_vision_tower: bool = False):
+                 freeze_vision_tower: bool = False, lora: LoraSettings | None = None):
         """``freeze_vision_tower`` (``model.freeze_vision_tower``): a vision-language model's
         vision tower is not trained (no gradient, not in the optimizer; still in its weights
-        and every directory written)."""
+        and every directory written).  ``lora`` (``model.lora_*``): only adapters on the frozen
+        model train, and they are the weights sent, loaded and saved (``engines/lora.py``)."""
         self.config = config or TrainerConfig()
         self.algorithm = algorithm or AlgorithmConfig()
         self.loss_settings = loss_settings(self.config, self.algorithm)
@@ -86,12 +88,16 @@ class TorchTrainer:
         self.model_dir = Path(model_dir)
         model_class = auto_model_class(model_dir)
         self.model = model_class.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.lora = lora
+        if lora is not None:
+            self.model = with_lora(self.model, lora)
         self.model.to(device).train()
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None)
                           or getattr(self.model.config.get_text_config(), "pad_token_id", None) or 0)
         self.vision = VisionInputs(model_dir) if is_vision_language(model_dir) else None
-        self.weights = dict(self.model.named_parameters())
-        """Every parameter, by its Hugging Face name: what weights are sent and loaded as."""
+        self.weights = adapter_parameters(self.model) if lora else dict(self.model.named_parameters())
+        """Every parameter by its Hugging Face name (with LoRA: every adapter, by PEFT's saved
+        name): what weights are sent, loaded and checked as."""
         frozen = set(vision_parameter_names(self.weights)) if freeze_vision_tower else set()
         for name in frozen:
             self.weights[name].requires_grad_(False)
@@ -319,8 +325,8 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ weights and state
     def get_weights_numpy(self) -> dict[str, np.ndarray]:
-        """Checkpoint-named fp32 copies of all parameters, a frozen vision tower's included
-        (safe to ship; not views)."""
+        """Checkpoint-named fp32 copies of :attr:`weights` (all parameters, a frozen vision
+        tower's included; with LoRA the adapters alone), safe to ship: not views."""
         return {name: p.detach().to("cpu").numpy().copy() for name, p in self.weights.items()}
 
     @torch.no_grad()
@@ -338,28 +344,28 @@ class TorchTrainer:
 
     def save_checkpoint(self, ckpt_dir: str | Path, model_dir: str | Path | None = None) -> Path:
         """The optimizer (``optimizer.pt``) and version (``trainer_state.json``) in ``ckpt_dir``;
-        the weights as a Hugging Face model directory (:meth:`save_pretrained`) in
-        ``model_dir``, by default ``ckpt_dir`` itself.
+        the weights as a Hugging Face model directory (:meth:`save_pretrained`; with LoRA, the
+        adapter directory) in ``model_dir``, by default ``ckpt_dir`` itself.
 
         Refuses (``NonFiniteWeightsError``, before writing anything) weights with NaN or inf.
         """
         ckpt_dir = Path(ckpt_dir)
-        check_finite(self._state(), ckpt_dir, self.version)
-        write_model_dir(self.model, Path(model_dir) if model_dir is not None else ckpt_dir, self.model_dir)
+        self.save_pretrained(Path(model_dir) if model_dir is not None else ckpt_dir)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         torch.save(self.optimizer.state_dict(), ckpt_dir / "optimizer.pt")
         (ckpt_dir / "trainer_state.json").write_text(
             json.dumps({"version": self.version, "skipped_steps": self.skipped_steps}))
         return ckpt_dir
 
-    def _state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
-
     def load_checkpoint(self, ckpt_dir: str | Path, model_dir: str | Path | None = None) -> None:
         """What :meth:`save_checkpoint` wrote: the weights from ``model_dir`` (default
         ``ckpt_dir``), the optimizer and version from ``ckpt_dir``."""
         ckpt_dir = Path(ckpt_dir)
-        load_weights(self.model, Path(model_dir) if model_dir is not None else ckpt_dir, self.device)
+        model_dir = Path(model_dir) if model_dir is not None else ckpt_dir
+        if self.lora is not None:
+            self.set_weights_numpy(read_adapter(model_dir))
+        else:
+            load_weights(self.model, model_dir, self.device)
         self.optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
         # The saved param groups carry the hyperparameters they were saved with; this trainer's
         # config wins (a resume may change trainer.lr and the rest: docs/runtime.md).
@@ -370,13 +376,17 @@ class TorchTrainer:
         self.version = int(state["version"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
 
-    def save_pretrained(self, out_dir: str | Path) -> Path:
+    def save_pretrained(self, out_dir: str | Path, merged: bool = False) -> Path:
         """A complete Hugging Face model directory: ``config.json``, ``generation_config.json``,
         ``model.safetensors`` (tied embeddings stored once, as ``transformers`` stores them),
         and the base model's tokenizer files and chat template; ``AutoModelForCausalLM``,
-        ``AutoTokenizer`` and ``vllm.LLM`` load it as is.
+        ``AutoTokenizer`` and ``vllm.LLM`` load it as is.  With LoRA, PEFT's adapter directory
+        (``adapter_config.json``, ``adapter_model.safetensors``), or with ``merged`` the full
+        directory of the base with the adapters merged in.
 
-        Refuses weights with NaN or inf, like :meth:`save_checkpoint`."""
+        Refuses weights with NaN or inf (``NonFiniteWeightsError``, before writing anything)."""
         out_dir = Path(out_dir)
-        check_finite(self._state(), out_dir, self.version)
-        return write_model_dir(self.model, out_dir, self.model_dir)
+        check_finite({k: p.detach() for k, p in self.weights.items()}, out_dir, self.version)
+        if self.lora is None:
+            return write_model_dir(self.model, out_dir, self.model_dir)
+        return write_merged(self.model, out_dir, self.model_dir) if merged else save_adapter(self.model, out_dir)

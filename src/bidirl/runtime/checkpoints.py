@@ -36,6 +36,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from bidirl.engines.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir
 from bidirl.runtime.checkpoint_integrity import checkpoint_writer, integrity_problem, manifest_problem
 from bidirl.runtime.config import ConfigError
 from bidirl.runtime.group_store import result_state
@@ -101,7 +102,10 @@ def checkpoint_dirs(ckpt: str | Path, writing: bool = False) -> tuple[Path, Path
 
 
 def weight_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a model directory (the index's shards, or ``model.safetensors``)."""
+    """The safetensors files of a model directory (the index's shards, or ``model.safetensors``;
+    a LoRA run's adapter directory: ``adapter_model.safetensors``)."""
+    if is_adapter_dir(model_dir):
+        return [model_dir / ADAPTER_WEIGHTS]
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -113,12 +117,14 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 
 def model_problem(model_dir: Path, prefix: str = "") -> str | None:
-    """Why ``model_dir`` is not a whole model directory (its config and weights), or None."""
+    """Why ``model_dir`` is not a whole model directory (its config and weights; a LoRA run's
+    adapter directory: ``adapter_config.json`` and ``adapter_model.safetensors``), or None."""
     if prefix != "trainer/":  # the older layout's trainer/ holds weights alone
+        config, key = (ADAPTER_CONFIG, "peft_type") if is_adapter_dir(model_dir) else ("config.json", "model_type")
         try:
-            json.loads((model_dir / "config.json").read_text())["model_type"]
+            json.loads((model_dir / config).read_text())[key]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            return f"{prefix}config.json: {'missing' if isinstance(e, OSError) else 'truncated or corrupt'}"
+            return f"{prefix}{config}: {'missing' if isinstance(e, OSError) else 'truncated or corrupt'}"
     for f in weight_files(model_dir):
         if not f.is_file():
             return f"{prefix}{f.name} missing"
@@ -337,14 +343,25 @@ def checkpoint_model(run_dir: Path, step: int | None = None, verify: bool = Fals
                       f"{' (' + '; '.join(problems) + ')' if problems else ' (no complete checkpoint yet)'}")
 
 
-def export_model(run_dir: Path, out: Path, step: int | None = None) -> Path:
+def export_model(run_dir: Path, out: Path, step: int | None = None, merged: bool = False) -> Path:
     """``bidirl export``: copy a checkpoint's model directory to ``out`` (which must not
-    exist or be empty); returns the checkpoint's model directory."""
+    exist or be empty); returns the checkpoint's model directory.  A LoRA run's is its adapter
+    directory; ``merged`` writes instead the base model with the adapters merged in."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"export: {out} exists and is not an empty directory")
     src = checkpoint_model(run_dir, step, verify=True)
-    _copy_dir(src, out, link=False)
+    if not merged:
+        _copy_dir(src, out, link=False)
+    elif not is_adapter_dir(src):
+        raise ConfigError(f"export --merged: {src} holds full weights already (the run did not use LoRA)")
+    else:
+        from bidirl.engines.lora import export_merged  # lazy: pulls in torch and PEFT
+
+        try:
+            export_merged(src, out)
+        except FileNotFoundError as e:
+            raise ConfigError(f"export --merged: {e}") from None
     return src
 
 

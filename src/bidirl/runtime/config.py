@@ -31,6 +31,7 @@ from bidirl.core.typed_config import (
     set_path,
     yaml_error,
 )
+from bidirl.engines.lora import ALL_LINEAR
 from bidirl.engines.trainer_config import TrainerConfig
 from bidirl.policy import policy_max_staleness, policy_names
 from bidirl.runtime.verl_names import VERL_ALIASES, VERL_FIXED, VERL_ROOTS, canonical, leaves
@@ -42,6 +43,10 @@ __all__ = ["AlgorithmConfig", "ConfigError", "TrainConfig", "TrainerConfig", "lo
 
 class ConfigError(ValueError):
     """A config file, field or override that does not describe a valid run."""
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""LoRA's default layers: a Llama/Qwen decoder's attention and MLP projections."""
 
 
 @dataclass
@@ -60,6 +65,12 @@ class ModelConfig:
                                           "the built-in task's own (40; reverse_mixed: 300), 40 with data.files",
                                           ge=0)
     dtype: Literal["float32", "bfloat16", "float16"] = option("float32", "rollout engine dtype")
+    lora_rank: int = option(0, "LoRA: train rank-r adapters on the frozen model (only they train, checkpoint and "
+                            "sync: docs/algorithm.md); 0: off, the whole model trains", ge=0, le=1024)
+    lora_alpha: float = option(32.0, "LoRA: the adapters' output is scaled by lora_alpha / lora_rank", gt=0)
+    lora_target_modules: list[str] = option(
+        default_factory=lambda: list(LORA_TARGETS), doc="LoRA: the layers that get adapters, by the last part of "
+        "their names (key=a,b); all-linear: every linear layer but the output head")
 
 
 @dataclass
@@ -257,6 +268,9 @@ def _check(c: TrainConfig) -> TrainConfig:
              c.model.path)
     need(all(0 <= b < 1 for b in c.trainer.betas), "trainer.betas", "two numbers in [0, 1)",
          list(c.trainer.betas))
+    targets = c.model.lora_target_modules
+    need(bool(targets) and (ALL_LINEAR not in targets or len(targets) == 1) and all(t.strip() for t in targets),
+         "model.lora_target_modules", f"one or more layer names, or {ALL_LINEAR} alone", targets)
     if not c.data.files:
         need(c.data.task is not None, "data.task", "a built-in task name when data.files is empty",
              c.data.task)

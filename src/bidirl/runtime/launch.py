@@ -21,6 +21,7 @@ from pathlib import Path
 from bidirl.controller.cluster import ClusterSpec
 from bidirl.controller.events import StageMeasured
 from bidirl.controller.loop import Controller
+from bidirl.engines.lora import lora_settings
 from bidirl.engines.trainer_config import trainer_wire
 from bidirl.runtime.backend import RayBackend
 from bidirl.runtime.checkpoints import complete_checkpoints
@@ -37,7 +38,8 @@ def worker_settings(cfg: TrainConfig, model_dir: str, max_model_len: int, max_im
     rollout_kwargs = rollout_wire(cfg, model_dir, max_model_len, max_images)
     trainer_config = trainer_wire(cfg.trainer, device=cfg.cluster.device, seed=cfg.run.seed, steps=cfg.run.steps,
                                   algorithm=cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens,
-                                  freeze_vision_tower=cfg.model.freeze_vision_tower)
+                                  freeze_vision_tower=cfg.model.freeze_vision_tower,
+                                  lora=(lora.wire() if (lora := lora_settings(cfg.model)) else None))
     return rollout_kwargs, trainer_config
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bidirl.engines.lora import unmatched_targets
 from bidirl.runtime.config import ConfigError
 
 __all__ = ["EngineArchitectures", "check_model_dir", "cpu_head_sizes", "engine_architectures",
@@ -329,3 +330,14 @@ def _check_dtype(hf: dict, path: Path, field: str) -> None:
     if dtype not in (None, "auto", *TRAINABLE_DTYPES):
         raise ConfigError(f"{field}: torch_dtype {dtype!r} in {path} is not one the run can train or generate "
                           f"in; allowed: {', '.join(TRAINABLE_DTYPES)}")
+
+
+def check_lora_targets(cfg, model_dir: str | Path) -> None:
+    """``ConfigError`` (one line) when ``model.lora_target_modules`` names a layer the model
+    does not have: PEFT would say so only inside the trainer's worker, after Ray started."""
+    if not cfg.model.lora_rank:
+        return
+    bad, ends = unmatched_targets(model_dir, tuple(cfg.model.lora_target_modules))
+    if bad:
+        raise ConfigError(f"model.lora_target_modules: {', '.join(bad)} name(s) no layer of {model_dir}; its "
+                          f"layers' names end in {_some(ends, first=(), limit=16)}")

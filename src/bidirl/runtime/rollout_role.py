@@ -83,20 +83,27 @@ class RolloutRole:
     def __init__(self, model_dir: str, *, max_num_seqs: int = 128, max_model_len: int = 512,
                  dtype: str = "float32", seed: int = 0, device: str = "cpu",
                  kv_cache_bytes: int = 256 << 20, top_p: float = 1.0, top_k: int = -1,
-                 min_tokens: int = 0, reproducible: bool = False, max_images: int = 0) -> None:
+                 min_tokens: int = 0, reproducible: bool = False, max_images: int = 0,
+                 lora_scale: float | None = None) -> None:
         """``reproducible`` (``scheduler.reproducible``): a response whose engine request is
         restarted (a weight update, a validation) starts again from its first token with its
         own seed, instead of continuing from its tokens so far on a new random stream.
         ``min_tokens`` (``rollout.min_new_tokens``): EOS is masked until a training response
         has that many tokens (capped at its ``max_new_tokens``); validation is not forced.
         ``max_images``: the most images one prompt holds (vLLM's ``limit_mm_per_prompt``; 0:
-        the model's own default)."""
+        the model's own default).  ``lora_scale`` (``model.lora_alpha / lora_rank``): weights
+        arrive as LoRA adapters, merged into the base weights kept here (``engines/lora.py``)."""
         apply_vllm_env()
         import torch  # lazy, as vLLM: both load after apply_vllm_env (thread counts, compile flags)
         from vllm import LLM
 
         self.version = 0
         self.model_dir = model_dir
+        self._lora = None
+        if lora_scale is not None:
+            from bidirl.engines.lora import AdapterMerge  # lazy: torch, which loads after apply_vllm_env
+
+            self._lora = AdapterMerge(model_dir, lora_scale)
         self._llm = LLM(model=model_dir, dtype=dtype, distributed_executor_backend="uni",
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         enforce_eager=True, seed=seed, enable_prefix_caching=False,
@@ -200,7 +207,8 @@ class RolloutRole:
         """Load new weights in place; requests in flight continue with them.
 
         ``named_arrays`` are the trainer's parameters, by their Hugging Face names; a tied
-        model's holds the embedding alone (the head is the same parameter).
+        model's holds the embedding alone (the head is the same parameter).  With LoRA they
+        are its adapters, merged here, before the engine is taken, into every weight loaded.
 
         Every token is computed by exactly one version: the KV cache of a live response was
         computed by the old weights, so each one is re-submitted as ``prompt + tokens so far``
@@ -213,8 +221,11 @@ class RolloutRole:
         """
         import torch  # lazy: see __init__ (loaded there already)
 
-        tensors = ((k, v if isinstance(v, torch.Tensor) else torch.from_numpy(v.copy() if not v.flags.writeable else v))
-                   for k, v in named_arrays.items())  # tensors: a collective's buckets on CUDA
+        if self._lora is not None:
+            tensors = iter(self._lora.merged(named_arrays).items())
+        else:  # tensors: a collective's buckets on CUDA; arrays from Ray's store may be read-only
+            tensors = ((k, v if isinstance(v, torch.Tensor) else torch.from_numpy(v if v.flags.writeable else v.copy()))
+                       for k, v in named_arrays.items())
         with self._control():
             t0 = time.perf_counter()  # the load alone: not the wait for the step in progress
             self._llm.collective_rpc("reload_weights",

@@ -77,6 +77,7 @@ from bidirl.runtime.executor import Job
 from bidirl.runtime.group_ids import GroupIds
 from bidirl.runtime.group_store import GroupStore
 from bidirl.runtime.launch import node_lost, start_executor, worker_settings
+from bidirl.runtime.model_check import check_lora_targets
 from bidirl.runtime.placement import check_machine_fits, place
 from bidirl.runtime.prepare import (
     PromptLengths,
@@ -165,6 +166,7 @@ class TrainSession:
         rows, reward_fn = prepare_data(cfg)  # bad data fails before any slow set-up
         val_rows = prepare_val_rows(cfg)
         model_dir = prepare_model(cfg)
+        check_lora_targets(cfg, model_dir)
         # Ray starts while the tokenizer loads and the prompts are measured (RayStart); the
         # device workers start only once the data has passed (fit_prompts), as before.
         with ray_session_started(self.ray_address, num_cpus=cfg.cluster.rollout_devices + cfg.cluster.train_devices,

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from bidirl.algo.aggregation import StepTotals, merge_metrics
+from bidirl.engines.lora import LoraSettings
 from bidirl.engines.train_batch import GradChunk, TrainSample
 from bidirl.engines.trainer_config import from_wire
 from bidirl.engines.trainer_torch import TorchTrainer
@@ -28,7 +29,8 @@ class TrainerRole:
         cfg, algorithm, device, seed = from_wire(config or {}, threads)
         self.trainer = TorchTrainer(model_dir, cfg, process_group=process_group, device=device, seed=seed,
                                     algorithm=algorithm,
-                                    freeze_vision_tower=bool((config or {}).get("freeze_vision_tower", False)))
+                                    freeze_vision_tower=bool((config or {}).get("freeze_vision_tower", False)),
+                                    lora=LoraSettings.from_wire((config or {}).get("lora")))
         require_finite(self.trainer.weights, f"model {model_dir}")  # NaN in: every step would be skipped
         if weights is not None:
             self.trainer.set_weights_numpy(weights, version)
