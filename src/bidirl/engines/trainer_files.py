@@ -30,7 +30,9 @@ class TrainerFiles:
     def get_weights_numpy(self) -> dict[str, np.ndarray]:
         """Checkpoint-named fp32 copies of all parameters, a frozen vision tower's included
         (safe to ship; not views)."""
-        return {name: p.detach().to("cpu").numpy().copy() for name, p in self.weights.items()}
+        # Copied before .numpy(): a tensor numpy has seen cannot be resized, and FSDP frees and
+        # re-allocates the gathered weights' storage at every step.
+        return {name: p.detach().to("cpu", copy=True).numpy() for name, p in self.weights.items()}
 
     @torch.no_grad()
     def set_weights_numpy(self, weights: dict[str, np.ndarray], version: int | None = None) -> None:
