@@ -34,13 +34,18 @@ def _weights(run):
     return out
 
 
-def test_async_and_bidirl_end_bitwise_equal(tmp_path):
+@pytest.mark.parametrize("trainer", [[], ["trainer.strategy=fsdp2", "cluster.train_devices=2"]],
+                         ids=["one-trainer", "fsdp2-two-ranks"])
+def test_async_and_bidirl_end_bitwise_equal(tmp_path, trainer):
+    """fsdp2 over two ranks: the primary's shards take the auxiliaries' gradients (micro-batch
+    i folded on rank i % 2, whoever computed it) and its checkpoint is sharded; the model
+    directory compared is rank 0's gathered weights."""
     import numpy as np
 
     runs = {}
     for policy, replicas in (("async", 1), ("bidirl-opportunistic", 2)):
         run = tmp_path / policy
-        out = run_cli("train", "--run-dir", str(run), *ARGS, f"scheduler.policy={policy}",
+        out = run_cli("train", "--run-dir", str(run), *ARGS, *trainer, f"scheduler.policy={policy}",
                       f"cluster.rollout_devices={replicas}", "cluster.oversubscribe=true")
         assert out.returncode == 0, out.stderr[-3000:]
         runs[policy] = (json.loads((run / "summary.json").read_text()), _weights(run))

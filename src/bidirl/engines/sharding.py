@@ -136,7 +136,7 @@ class ShardedModel:
                 blocks.append(torch.cat([row, pad]).reshape(-1))
         flat = torch.cat(blocks)
         out = torch.empty(flat.numel() // self.world, dtype=flat.dtype, device=flat.device)
-        dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=self.group)
+        dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM, group=self.group)
         offset = 0
         for n in names:
             sh, g = self.shards[n], full[n]
