@@ -97,7 +97,8 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
     controller = Controller(spec, make_policy(policy))
     algorithm = algorithm or AlgorithmConfig(filter_groups=FilterGroups(enable=flat_every is not None))
     job = Job(store, new_group, reward, lambda tokens: " ".join(map(str, tokens)), rollout_kwargs={},
-              trainer_kwargs={"model_dir": "fake", "config": {"config": {"strategy": strategy}}}, algorithm=algorithm, ids=ids, version_offset=start,
+              trainer_kwargs={"model_dir": "fake", "config": {"config": {"strategy": strategy}}},
+              algorithm=algorithm, ids=ids, version_offset=start,
               hub=hub() if hub is not None else None)
     ex = DeviceExecutor(controller, wrapped, job, Layout(lambda u: spec.unit_devices(u)[0],
                                                          list(spec.train_devices)))
