@@ -104,8 +104,8 @@ class ShardedModel:
         for m in self.modules:
             m.unshard()
 
-    def local_rows(self, full, name: str):
-        """This rank's rows of ``full``, a whole tensor shaped like parameter ``name``."""
+    def local_rows(self, full):
+        """This rank's rows of ``full``, a whole tensor shaped like one of the parameters."""
         a, b = _rows(full.shape[0], self.rank, self.world)
         return full[a:b]
 
@@ -115,7 +115,7 @@ class ShardedModel:
 
         with torch.no_grad():
             for name, sh in self.shards.items():
-                sh.to_local().copy_(self.local_rows(weights[name], name))
+                sh.to_local().copy_(self.local_rows(weights[name]))
         self.regather()
 
     def reduce_scatter_grads(self, full: dict[str, Any], names: list[str]) -> None:
