@@ -57,7 +57,7 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
              setup: Callable[[DeviceExecutor], Callable | None] | None = None,
              flat_every: int | None = None, max_gen_batches: int = 0, stop_after: int | None = None,
              resume: dict | None = None, algorithm: AlgorithmConfig | None = None,
-             hub: Callable[[], object] | None = None) -> FakeRun:
+             hub: Callable[[], object] | None = None, strategy: str = "ddp") -> FakeRun:
     """``setup(executor)`` runs before the loop (e.g. to attach a validator) and may return a
     per-step hook (e.g. a ``StepBoundary``'s ``after_step``), called before the groups are retired;
     a validator attached to the executor gets its final validation after the loop.
@@ -69,7 +69,8 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
     ``stop_after``: stop at that step boundary, keeping what a checkpoint there holds
     (``FakeRun.state``, ``checkpoints._boundary_state``); ``resume``: such a state, to go on
     from as ``--resume`` does (a controller counting from 0, the checkpoint's groups first).
-    ``hub``: makes a multi-turn run's ``TrajectoryHub`` (each group's row: one user message ``p<g>``)."""
+    ``hub``: makes a multi-turn run's ``TrajectoryHub`` (each group's row: one user message ``p<g>``).
+    ``strategy``: ``trainer.strategy`` (``fsdp2``: micro-batch i merged by rank i % ranks)."""
     start = resume["next_step"] if resume else 0
     spec = spec_for(rollout, train, steps=steps - start, prompts=prompts, group_size=group_size,
                     max_new=max_new, staleness=staleness)
@@ -96,7 +97,8 @@ def run_fake(policy: str, rollout: int = 2, train: int = 1, *, steps: int = 6, p
     controller = Controller(spec, make_policy(policy))
     algorithm = algorithm or AlgorithmConfig(filter_groups=FilterGroups(enable=flat_every is not None))
     job = Job(store, new_group, reward, lambda tokens: " ".join(map(str, tokens)), rollout_kwargs={},
-              trainer_kwargs={"model_dir": "fake"}, algorithm=algorithm, ids=ids, version_offset=start,
+              trainer_kwargs={"model_dir": "fake", "config": {"config": {"strategy": strategy}}},
+              algorithm=algorithm, ids=ids, version_offset=start,
               hub=hub() if hub is not None else None)
     ex = DeviceExecutor(controller, wrapped, job, Layout(lambda u: spec.unit_devices(u)[0],
                                                          list(spec.train_devices)))

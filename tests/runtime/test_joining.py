@@ -45,6 +45,23 @@ def test_joining_does_not_change_the_update(train):
                 np.testing.assert_array_equal(w, w0)
 
 
+def test_a_sharded_primary_merges_by_index_so_no_plan_changes_the_update():
+    """fsdp2: micro-batch i is merged by rank i % 2 whoever computed it, the plan's
+    auxiliary chunks included, so two ranks end bitwise as ``async`` does (DDP's ranks merge
+    a plan's chunks on rank 0 and are equal only without them, above)."""
+    kw = dict(TRAIN_HEAVY, train=2, strategy="fsdp2")
+    base = run_fake("async", **kw)
+    statics = 0
+    for policy in ("bidirl", "bidirl-opportunistic"):
+        run = run_fake(policy, **kw)
+        _check_invariants(run, {k: v for k, v in kw.items() if k != "strategy"}, policy)
+        statics += sum(not ex.endswith("(joined)") and ex != "primary"
+                       for rec in run.executor.steps.values() for ex, _ in rec.chunks)
+        for w, w0 in zip(_weights(run), _weights(base)):
+            np.testing.assert_array_equal(w, w0)
+    assert statics > 0, "a plan gave auxiliaries chunks of their own"
+
+
 def test_joins_shorten_the_steps():
     kw = dict(TRAIN_HEAVY, steps=12)
     base, run = run_fake("async", **kw), run_fake("bidirl", **kw)

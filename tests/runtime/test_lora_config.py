@@ -48,6 +48,9 @@ def test_a_target_the_model_lacks_is_named_before_any_worker(tiny_model_dir):
     with pytest.raises(ConfigError, match=r"^model.lora_target_modules: c_attn name\(s\) no layer .* q_proj"):
         check_lora_targets(load_config(None, ["model.lora_rank=8", "model.lora_target_modules=q_proj,c_attn"]),
                            tiny_model_dir)
+    with pytest.raises(ConfigError, match=r"^trainer.strategy: fsdp2 with model.lora_rank > 0 .*strategy=ddp$"):
+        check_lora_targets(load_config(None, ["model.lora_rank=8", "trainer.strategy=fsdp2",
+                                              "cluster.train_devices=2"]), tiny_model_dir)
 
 
 def test_an_adapter_checkpoint_resumes_and_exports_as_adapters_or_merged(tiny_model_dir, tmp_path, capsys):

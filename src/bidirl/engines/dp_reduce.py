@@ -36,19 +36,30 @@ def all_reduce_step(params: Sequence[torch.nn.Parameter], metrics: dict[str, flo
     if process_group is None or dist.get_world_size(process_group) == 1:
         return metrics
     flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=process_group)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    return reduce_metrics(metrics, process_group)
+
+
+def reduce_metrics(metrics: dict[str, float], process_group=None) -> dict[str, float]:
+    """SUM the step's metrics over the DP group, ``*_max`` by MAX (a sharded trainer's
+    gradients are reduce-scattered apart: ``engines/sharding.py``)."""
+    import torch.distributed as dist
+
+    if process_group is None or dist.get_world_size(process_group) == 1:
+        return metrics
     # A rank without micro-batches has no metrics: the ranks agree on the names first.
     names: list = [None] * dist.get_world_size(process_group)
     dist.all_gather_object(names, sorted(metrics), group=process_group)
     keys = sorted(set().union(*names))
     summed = [k for k in keys if not k.endswith("_max")]
     maxed = [k for k in keys if k.endswith("_max")]
-    flat = torch.cat([flat, torch.tensor([metrics.get(k, 0.0) for k in summed], dtype=flat.dtype)])
+    flat = torch.tensor([metrics.get(k, 0.0) for k in summed], dtype=torch.float32)
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=process_group)
-    offset = 0
-    for p in params:
-        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
-    out = {k: float(v) for k, v in zip(summed, flat[offset:].tolist(), strict=True)}
+    out = {k: float(v) for k, v in zip(summed, flat.tolist(), strict=True)}
     if maxed:
         peaks = torch.tensor([metrics.get(k, 0.0) for k in maxed], dtype=torch.float64)
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=process_group)

@@ -75,11 +75,12 @@ def check_finite(weights: dict[str, Any], where: Path, version: int) -> None:
             f"{version} (first: {bad[0]}); the last checkpoint written stays the good one")
 
 
-def write_model_dir(model, out_dir: Path, base_dir: Path) -> Path:
-    """``model``'s weights and configs (safetensors; a tied head stored once, as
-    ``transformers`` stores it) and ``base_dir``'s tokenizer files and chat template."""
+def write_model_dir(model, out_dir: Path, base_dir: Path, state_dict: dict | None = None) -> Path:
+    """``model``'s weights (or ``state_dict``, by the same names) and configs (safetensors; a
+    tied head stored once, as ``transformers`` stores it) and ``base_dir``'s tokenizer files
+    and chat template."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)  # safetensors; drops the tied copy (lm_head) itself
+    model.save_pretrained(out_dir, state_dict=state_dict)  # safetensors; drops the tied copy (lm_head) itself
     for f in base_dir.iterdir():
         if f.is_file() and (f.name in TOKENIZER_FILES or f.name.startswith("tokenizer")):
             shutil.copy2(f, out_dir / f.name)

@@ -72,6 +72,16 @@ class TrainerConfig:
     betas: tuple[float, float] = option((0.9, 0.999), "AdamW betas")
     adam_eps: float = option(1e-8, "AdamW epsilon", gt=0)
     threads: int = option(1, "torch intra-op threads per device worker", ge=1)
+    strategy: Literal["ddp", "fsdp2"] = option(
+        "ddp", "how the primary trainer's ranks (cluster.train_devices) hold the model: ddp, a full copy each "
+        "(gradients all-reduced); fsdp2, torch's fully_shard per decoder layer + root (fp32 master weights, "
+        "gradients and AdamW state sharded over the ranks; auxiliaries stay full copies)")
+    mixed_precision: Literal["none", "bf16"] = option(
+        "none", "bf16: forward and backward under bf16 autocast (weights, gradients and AdamW stay fp32); "
+        "none: fp32 throughout")
+    activation_checkpointing: bool = option(
+        False, "recompute each decoder layer's activations in the backward (HF gradient checkpointing): "
+        "less memory per micro-batch, about one more forward pass of time")
     on_nonfinite: Literal["skip", "stop"] = option(
         "skip", "a step whose loss or grad norm is NaN/inf: skip it (weights and optimizer state "
         "unchanged, counted in actor/skipped_steps) or stop the run (the last checkpoint stays good)")
@@ -139,3 +149,10 @@ def from_wire(wire: dict[str, Any], threads: int | None = None
         data["threads"] = threads
     return (build(TrainerConfig, data, "trainer"), build(AlgorithmConfig, dict(wire.get("algorithm", {})), "algorithm"),
             wire.get("device", "cpu"), int(wire.get("seed", 0)))
+
+
+def merges_by_index(wire: dict[str, Any] | None, ranks: int) -> bool:
+    """Whether a step's micro-batch ``i`` is merged by rank ``i % ranks`` whoever computed it
+    (a sharded primary: ``strategy=fsdp2`` over several ranks), so that the update does not
+    depend on which micro-batches auxiliaries took (``TorchTrainer``'s docstring)."""
+    return ranks > 1 and ((wire or {}).get("config") or {}).get("strategy") == "fsdp2"

@@ -25,6 +25,19 @@ plain summand of the step's, so the fold above equals one trainer's for every mo
 batch and the same global totals, so the all-reduce is a SUM (``engines/dp_reduce.py``),
 and DP=k reproduces DP=1 up to float rounding.
 
+Sharded (``strategy=fsdp2`` with a group of several ranks, ``engines/sharding.py``): the
+master weights, gradients and AdamW state the optimizer steps are each rank's rows; the
+passes run on the gathered weights, so a micro-batch's gradient is computed exactly as by
+a full-copy trainer (an auxiliary's equals a primary rank's, bit for bit).  ``apply_grads``
+folds the per-micro-batch gradients it is given in order, as above, then the ranks' folds
+are reduce-scattered with SUM and each rank keeps its rows.  Which rank folds which
+micro-batch is the driver's: for a sharded primary, micro-batch ``i`` goes to rank ``i %
+ranks`` whoever computed it, a primary rank or an auxiliary (``merges_by_index``), so the
+update is one fixed sum of the ``g_i`` however a step was shared out, and reproducible
+mode stays bitwise across borrowing.  ``mixed_precision=bf16`` is autocast over the passes
+(not FSDP's ``MixedPrecisionPolicy``): the weights a rank holds and ships stay fp32, and an
+auxiliary computes the same bf16 operations as the primary.
+
 Non-finite guard: ``apply_grads`` checks the all-reduced loss and gradient norm before the
 optimizer step; a NaN/inf skips the step or stops the run (``TrainerConfig.on_nonfinite``),
 and no checkpoint or model directory is ever written with non-finite weights.
@@ -35,10 +48,8 @@ gradients): numpy moves through Ray's object store about 10x faster than torch t
 
 from __future__ import annotations
 
-import json
 import math
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,10 +59,11 @@ import torch
 from bidirl.algo.aggregation import StepTotals, merge_metrics
 from bidirl.algo.algorithm_config import AlgorithmConfig
 from bidirl.algo.objective import policy_objective
-from bidirl.engines.dp_reduce import all_reduce_step, global_totals
-from bidirl.engines.hf_io import auto_model_class, check_finite, is_vision_language, load_weights, write_model_dir
-from bidirl.engines.lora import LoraSettings, adapter_parameters, read_adapter, save_adapter, with_lora, write_merged
+from bidirl.engines.dp_reduce import all_reduce_step, global_totals, reduce_metrics
+from bidirl.engines.hf_io import auto_model_class, is_vision_language
+from bidirl.engines.lora import LoraSettings, adapter_parameters, with_lora
 from bidirl.engines.policy_forward import forward_logp, loss_settings, reference_kl_sums, reference_logp
+from bidirl.engines.sharding import ShardedModel
 from bidirl.engines.torch_setup import set_torch_threads
 from bidirl.engines.train_batch import (
     GradChunk,
@@ -64,12 +76,13 @@ from bidirl.engines.train_batch import (
     step_totals,
 )
 from bidirl.engines.trainer_config import NonFiniteStepError, TrainerConfig
+from bidirl.engines.trainer_files import TrainerFiles
 from bidirl.engines.vision_inputs import VisionInputs, vision_parameter_names
 
 __all__ = ["TorchTrainer"]
 
 
-class TorchTrainer:
+class TorchTrainer(TrainerFiles):
     """Holds an HF causal LM and its AdamW state; computes and applies GRPO gradients."""
 
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None, process_group=None,
@@ -92,22 +105,33 @@ class TorchTrainer:
         if lora is not None:
             self.model = with_lora(self.model, lora)
         self.model.to(device).train()
+        if self.config.activation_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None)
                           or getattr(self.model.config.get_text_config(), "pad_token_id", None) or 0)
         self.vision = VisionInputs(model_dir) if is_vision_language(model_dir) else None
-        self.weights = adapter_parameters(self.model) if lora else dict(self.model.named_parameters())
-        """Every parameter by its Hugging Face name (with LoRA: every adapter, by PEFT's saved
-        name): what weights are sent, loaded and checked as."""
-        frozen = set(vision_parameter_names(self.weights)) if freeze_vision_tower else set()
+        named = adapter_parameters(self.model) if lora else dict(self.model.named_parameters())
+        frozen = set(vision_parameter_names(named)) if freeze_vision_tower else set()
         for name in frozen:
-            self.weights[name].requires_grad_(False)
+            named[name].requires_grad_(False)
+        self.process_group = process_group
+        self.rank = torch.distributed.get_rank(process_group) if process_group is not None else 0
+        self.sharded = (ShardedModel(self.model, process_group, device) if self.config.strategy == "fsdp2"
+                        and process_group is not None and torch.distributed.get_world_size(process_group) > 1
+                        else None)
+        if self.sharded and lora is not None:  # runtime/config.py refuses the pair first, in one line
+            raise ValueError("trainer.strategy=fsdp2 with LoRA: the adapters are small; train them with ddp")
+        self.weights = self.sharded.gathered() if self.sharded else named
+        """Every parameter whole, by its Hugging Face name (with LoRA: every adapter, by PEFT's
+        saved name): what weights are sent, loaded and checked as."""
         self.params = {k: p for k, p in self.weights.items() if k not in frozen}
-        """The trained parameters: gradients and the optimizer's state are theirs."""
+        """The trained parameters: the passes' gradients are theirs."""
+        self.opt_params = [self.sharded.shards[k] for k in self.params] if self.sharded else list(self.params.values())
+        """What AdamW steps: the trained parameters, or (sharded) this rank's rows of them."""
         self.optimizer = torch.optim.AdamW(
-            list(self.params.values()), lr=self.config.lr, betas=self.config.betas,
+            self.opt_params, lr=self.config.lr, betas=self.config.betas,
             eps=self.config.adam_eps, weight_decay=self.config.weight_decay, foreach=False,
         )
-        self.process_group = process_group
         # The KL term's reference is the initial policy: the model directory's weights, kept
         # frozen beside the trained copy (one more forward pass per micro-batch).  KL in the
         # reward loads it on its first use (``reference_kl``): only rank 0 is asked, so the
@@ -127,7 +151,8 @@ class TorchTrainer:
         out = []
         for mb in make_microbatches(samples, micro_batch_size):
             batch = collate(mb, self.pad_id, self.device)
-            logp_B_T = forward_logp(self.model, batch, "none", self._vision(batch))[0].cpu()
+            with self._autocast():
+                logp_B_T = forward_logp(self.model, batch, "none", self._vision(batch))[0].float().cpu()
             out += [logp_B_T[b, s : s + n].numpy().copy() for b, (s, n) in enumerate(batch.spans)]
         return out
 
@@ -178,17 +203,23 @@ class TorchTrainer:
         batch = collate(mb, self.pad_id, self.device)
         settings = self.loss_settings
         vision = self._vision(batch)
-        logp_B_T, entropy_B_T = forward_logp(self.model, batch, "grad" if settings.entropy_coeff else "metric",
-                                             vision)
-        ref_logp_B_T = batch.ref_logp_B_T
-        if ref_logp_B_T is None and settings.kl_coef:
-            ref_logp_B_T = reference_logp(self.ref_model, batch, vision)
+        with self._autocast():
+            logp_B_T, entropy_B_T = forward_logp(self.model, batch, "grad" if settings.entropy_coeff else "metric",
+                                                 vision)
+            ref_logp_B_T = batch.ref_logp_B_T
+            if ref_logp_B_T is None and settings.kl_coef:
+                ref_logp_B_T = reference_logp(self.ref_model, batch, vision)
         out = policy_objective(logp_B_T, batch.old_logp_B_T, batch.adv_B, batch.mask_B_T, totals, settings,
                                ref_logp_B_T, entropy_B_T)
         out.loss.backward()
         metrics = {k: float(v) for k, v in out.metrics.items()}
         metrics["loss"] = float(out.loss.detach())
         return metrics
+
+    def _autocast(self):
+        """bf16 autocast over a pass (``mixed_precision=bf16``), else nothing."""
+        return torch.autocast(self.device.split(":")[0], torch.bfloat16,
+                              enabled=self.config.mixed_precision == "bf16")
 
     def _vision(self, batch) -> dict | None:
         """The batch's image inputs for the forward (None for a text model or batch)."""
@@ -271,24 +302,32 @@ class TorchTrainer:
         metrics: dict[str, float] = {}
         for chunk in chunks:
             merge_metrics(metrics, chunk.metrics)
-        for name, p in self.params.items():
-            p.grad = torch.from_numpy(total[name]).view_as(p).to(p.device)
-        metrics = all_reduce_step(list(self.params.values()), metrics, self.process_group)
-        if self.config.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.max_grad_norm, foreach=False)
+        full = {name: torch.from_numpy(total[name]).view_as(p).to(p.device) for name, p in self.params.items()}
+        if self.sharded:  # each rank its rows of the ranks' SUM
+            self.sharded.reduce_scatter_grads(full, list(self.params))
+            metrics = reduce_metrics(metrics, self.process_group)
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params.values()]))
-        # Decided on the all-reduced gradient and metrics, which every DP rank holds alike:
-        # all ranks skip (or stop) together, and none waits in a collective for another.
-        grad_norm, loss = float(norm), float(metrics.get("loss", 0.0))
+            for name, p in self.params.items():
+                p.grad = full[name]
+            metrics = all_reduce_step(self.opt_params, metrics, self.process_group)
+        if self.config.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.opt_params, self.config.max_grad_norm, foreach=False)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.opt_params]))
+        # Decided on the reduced gradient and metrics, which every DP rank holds alike: all
+        # ranks skip (or stop) together, and none waits in a collective for another.
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        loss = float(metrics.get("loss", 0.0))
         finite = math.isfinite(grad_norm) and math.isfinite(loss)
         lr = self.config.lr_at(self.version)  # the schedule follows the version, so it survives a resume
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if finite:
             self.optimizer.step()
-        for p in self.params.values():
+        for p in self.opt_params:
             p.grad = None
+        if finite and self.sharded:
+            self.sharded.regather()  # the new weights whole on every rank (a collective)
         if not finite:
             what = f"loss {loss}, grad norm {grad_norm}"
             if self.config.on_nonfinite == "stop":
@@ -322,71 +361,3 @@ class TorchTrainer:
             totals = self.global_totals(microbatches)
         chunk = self.compute_chunk_grads(microbatches, totals, per_microbatch=False)
         return self.apply_grads([chunk])
-
-    # ------------------------------------------------------------------ weights and state
-    def get_weights_numpy(self) -> dict[str, np.ndarray]:
-        """Checkpoint-named fp32 copies of :attr:`weights` (all parameters, a frozen vision
-        tower's included; with LoRA the adapters alone), safe to ship: not views."""
-        return {name: p.detach().to("cpu").numpy().copy() for name, p in self.weights.items()}
-
-    @torch.no_grad()
-    def set_weights_numpy(self, weights: dict[str, np.ndarray], version: int | None = None) -> None:
-        """Overwrite parameters (an auxiliary trainer adopting the primary's weights)."""
-        missing = set(self.weights) - set(weights)
-        if missing:
-            raise KeyError(f"weights missing parameters: {sorted(missing)[:5]}")
-        with warnings.catch_warnings():  # arrays from Ray's object store are read-only; copy_ only reads them
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            for name, p in self.weights.items():
-                p.copy_(torch.from_numpy(np.asarray(weights[name])).view_as(p))
-        if version is not None:
-            self.version = int(version)
-
-    def save_checkpoint(self, ckpt_dir: str | Path, model_dir: str | Path | None = None) -> Path:
-        """The optimizer (``optimizer.pt``) and version (``trainer_state.json``) in ``ckpt_dir``;
-        the weights as a Hugging Face model directory (:meth:`save_pretrained`; with LoRA, the
-        adapter directory) in ``model_dir``, by default ``ckpt_dir`` itself.
-
-        Refuses (``NonFiniteWeightsError``, before writing anything) weights with NaN or inf.
-        """
-        ckpt_dir = Path(ckpt_dir)
-        self.save_pretrained(Path(model_dir) if model_dir is not None else ckpt_dir)
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(self.optimizer.state_dict(), ckpt_dir / "optimizer.pt")
-        (ckpt_dir / "trainer_state.json").write_text(
-            json.dumps({"version": self.version, "skipped_steps": self.skipped_steps}))
-        return ckpt_dir
-
-    def load_checkpoint(self, ckpt_dir: str | Path, model_dir: str | Path | None = None) -> None:
-        """What :meth:`save_checkpoint` wrote: the weights from ``model_dir`` (default
-        ``ckpt_dir``), the optimizer and version from ``ckpt_dir``."""
-        ckpt_dir = Path(ckpt_dir)
-        model_dir = Path(model_dir) if model_dir is not None else ckpt_dir
-        if self.lora is not None:
-            self.set_weights_numpy(read_adapter(model_dir))
-        else:
-            load_weights(self.model, model_dir, self.device)
-        self.optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
-        # The saved param groups carry the hyperparameters they were saved with; this trainer's
-        # config wins (a resume may change trainer.lr and the rest: docs/runtime.md).
-        for group in self.optimizer.param_groups:
-            group.update(lr=self.config.lr, betas=self.config.betas, eps=self.config.adam_eps,
-                         weight_decay=self.config.weight_decay)
-        state = json.loads((ckpt_dir / "trainer_state.json").read_text())
-        self.version = int(state["version"])
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-
-    def save_pretrained(self, out_dir: str | Path, merged: bool = False) -> Path:
-        """A complete Hugging Face model directory: ``config.json``, ``generation_config.json``,
-        ``model.safetensors`` (tied embeddings stored once, as ``transformers`` stores them),
-        and the base model's tokenizer files and chat template; ``AutoModelForCausalLM``,
-        ``AutoTokenizer`` and ``vllm.LLM`` load it as is.  With LoRA, PEFT's adapter directory
-        (``adapter_config.json``, ``adapter_model.safetensors``), or with ``merged`` the full
-        directory of the base with the adapters merged in.
-
-        Refuses weights with NaN or inf (``NonFiniteWeightsError``, before writing anything)."""
-        out_dir = Path(out_dir)
-        check_finite({k: p.detach() for k, p in self.weights.items()}, out_dir, self.version)
-        if self.lora is None:
-            return write_model_dir(self.model, out_dir, self.model_dir)
-        return write_merged(self.model, out_dir, self.model_dir) if merged else save_adapter(self.model, out_dir)

@@ -122,3 +122,47 @@ def trainer_offload_bytes(need: MemoryNeed) -> float:
 def rollout_offload_bytes(m: ModelProfile, tp: int) -> float:
     """Host bytes a lent rollout device parks: its weights shard."""
     return m.weights_bytes / tp
+
+
+# -- the real trainer's state against a device's budget (cluster.device_memory_gib) ------------------
+FP32_BYTES = 4  # the runtime trainer keeps weights, gradients and AdamW's moments in fp32
+
+
+def trainer_state_bytes(params: float, strategy: str, ranks: int) -> dict[str, float]:
+    """Bytes one primary rank of the runtime trainer (``engines/trainer_torch.py``) holds for
+    ``params`` parameters, part by part.
+
+    ``ddp`` (or ``fsdp2`` on one rank, which has nothing to shard): weights, gradients and
+    AdamW's two moments, whole.  ``fsdp2`` over ``ranks``: the master weights' rows and the
+    moments' rows (``1/ranks`` each), plus what stays whole because a rank computes
+    micro-batches on its own (``engines/sharding.py``): the gathered weights and one
+    micro-batch's gradient.  Activations are not counted (they depend on the micro-batch,
+    and ``trainer.activation_checkpointing`` trims them)."""
+    if strategy not in ("ddp", "fsdp2"):
+        raise ValueError(f"trainer strategy {strategy!r}; allowed: ddp, fsdp2")
+    whole = FP32_BYTES * params
+    if strategy == "ddp" or ranks <= 1:
+        return {"weights": whole, "grads": whole, "adamw": 2 * whole}
+    return {"gathered weights": whole, "grads": whole, "weight shard": whole / ranks,
+            "adamw shard": 2 * whole / ranks}
+
+
+def trainer_budget_problem(params: float, strategy: str, ranks: int, budget_gib: float | None,
+                           field: str = "cluster.device_memory_gib") -> str | None:
+    """Why the primary trainer's state does not fit a device's budget (one line naming
+    ``field`` and what would fit), or None; no budget (None): no check."""
+    if budget_gib is None:
+        return None
+    parts = trainer_state_bytes(params, strategy, ranks)
+    need = sum(parts.values())
+    if need <= budget_gib * GIB:
+        return None
+    shown = " + ".join(f"{k} {v / GIB:.3g}" for k, v in parts.items())
+    what = (f"{field}={budget_gib:g}: the trainer's state needs {need / GIB:.3g} GiB per device ({shown}) with "
+            f"trainer.strategy={strategy} over {ranks} rank(s)")
+    sharded = sum(trainer_state_bytes(params, "fsdp2", ranks).values())
+    if strategy == "ddp" and ranks > 1 and sharded <= budget_gib * GIB:
+        return f"{what}; set trainer.strategy=fsdp2 (each rank then needs {sharded / GIB:.3g} GiB)"
+    hint = "trainer.strategy=fsdp2 and more" if strategy == "ddp" else "more"
+    return (f"{what}; use {hint} cluster.train_devices (the shards shrink, the gathered weights and one "
+            "gradient do not), or a larger budget")

@@ -150,8 +150,12 @@ def require_finite(params, where: str) -> None:
     array) that holds NaN or inf: weights loaded from ``where``, which no step of this run
     produced.  Tensors are looked at one at a time (no copy of the whole model on a CPU)."""
     for name, p in params.items():
-        a = p.detach().float().cpu().numpy() if hasattr(p, "detach") else np.asarray(p)
-        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+        if hasattr(p, "detach"):  # torch's own check: numpy would pin the storage a sharded trainer re-allocates
+            bad = p.is_floating_point() and not bool(p.detach().isfinite().all())
+        else:
+            a = np.asarray(p)
+            bad = np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all()
+        if bad:
             raise NonFiniteWeightsError(
                 f"{where}: weight {name} holds NaN or inf as loaded, before any step of this run; training "
                 "from it would only skip steps; resume from an older checkpoint or use another model")

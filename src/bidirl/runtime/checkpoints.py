@@ -3,7 +3,8 @@
 A checkpoint ``step_<k>/`` holds ``model/``, a Hugging Face model directory
 (``config.json``, ``generation_config.json``, ``model.safetensors``, the tokenizer files and
 chat template) that ``AutoModelForCausalLM``, ``AutoTokenizer`` and ``vllm.LLM`` load as is;
-``trainer/`` with the optimizer (``optimizer.pt``) and the version (``trainer_state.json``);
+``trainer/`` with the optimizer (``optimizer.pt``; ``trainer.strategy=fsdp2``: one
+``optimizer.shard-<r>-of-<n>.pt`` per rank) and the version (``trainer_state.json``);
 ``state.json`` (prompt cursor, buffered and in-flight groups), ``COMPLETE`` and, written
 last, ``MANIFEST.json`` (each file's size and sha256).  Checkpoints
 written before model directories kept the weights in ``trainer/model.safetensors``; they
@@ -37,6 +38,7 @@ import zipfile
 from pathlib import Path
 
 from bidirl.engines.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir
+from bidirl.engines.sharding import optimizer_files
 from bidirl.runtime.checkpoint_integrity import checkpoint_writer, integrity_problem, manifest_problem
 from bidirl.runtime.config import ConfigError
 from bidirl.runtime.group_store import result_state
@@ -144,14 +146,17 @@ def checkpoint_problem(ckpt: Path) -> tuple[str | None, dict | None]:
     if not isinstance(state, dict) or state.get("next_step") != step or not {"cursor", "store"} <= set(state):
         return f"state.json does not describe step {step}", None
     trainer, model = checkpoint_dirs(ckpt)
-    for name in ("optimizer.pt", "trainer_state.json"):
-        if not (trainer / name).is_file():
-            return f"trainer/{name} missing", None
+    optimizer, missing = optimizer_files(trainer)  # optimizer.pt, or one file of rows per rank (fsdp2)
+    if missing:
+        return missing, None
+    if not (trainer / "trainer_state.json").is_file():
+        return "trainer/trainer_state.json missing", None
     bad = model_problem(model, f"{model.name}/")
     if bad:
         return bad, None
-    if not zipfile.is_zipfile(trainer / "optimizer.pt"):
-        return "trainer/optimizer.pt: truncated or corrupt", None
+    for f in optimizer:
+        if not zipfile.is_zipfile(f):
+            return f"trainer/{f.name}: truncated or corrupt", None
     try:
         json.loads((trainer / "trainer_state.json").read_text())["version"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -252,7 +257,8 @@ def write_checkpoint(ckpt_root: Path, next_step: int, ex, store, cursor, rewards
     the newest ``keep`` complete ones are kept.
     """
     with checkpoint_writer(ckpt_root, next_step) as tmp:  # manifest last, then renamed into place
-        ex.call_now(ex.layout.train_devices[0], "call", "train", "save", str(tmp))
+        for dev in ex.layout.train_devices:  # rank 0 writes the model; a sharded rank its optimizer rows
+            ex.call_now(dev, "call", "train", "save", str(tmp))
         state = _boundary_state(next_step, ex, store, cursor, rewards_by_step, prompts_per_step)
         (tmp / "state.json").write_text(json.dumps(state))
         (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))

@@ -161,6 +161,9 @@ class ClusterConfig:
                                     "run's first is not the process's first (1.1-3.9x slower a token on a CPU)")
     oversubscribe: bool = option(False, "cpu: allow more device workers than this machine has cores "
                                  "(each then runs slower than a device would)")
+    device_memory_gib: float | None = option(
+        None, "one device's memory budget for the primary trainer's fp32 state (weights, gradients, AdamW; "
+        "planner/memory.py:trainer_state_bytes), checked at start-up; null: no check", gt=0)
 
 
 @dataclass

@@ -337,6 +337,10 @@ def check_lora_targets(cfg, model_dir: str | Path) -> None:
     does not have: PEFT would say so only inside the trainer's worker, after Ray started."""
     if not cfg.model.lora_rank:
         return
+    if cfg.trainer.strategy == "fsdp2" and cfg.cluster.train_devices > 1:
+        raise ConfigError("trainer.strategy: fsdp2 with model.lora_rank > 0 is not supported: the adapters are "
+                          "megabytes and the frozen base is not trained, so nothing worth sharding; use "
+                          "trainer.strategy=ddp")
     bad, ends = unmatched_targets(model_dir, tuple(cfg.model.lora_target_modules))
     if bad:
         raise ConfigError(f"model.lora_target_modules: {', '.join(bad)} name(s) no layer of {model_dir}; its "

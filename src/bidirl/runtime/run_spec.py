@@ -15,6 +15,7 @@ import dataclasses
 from bidirl.controller.cluster import ClusterSpec, device_layout
 from bidirl.perf.profile_spec import ModelSpec, model_profile
 from bidirl.perf.profiles import DTYPE_BYTES, ModelProfile
+from bidirl.planner.memory import trainer_budget_problem
 from bidirl.runtime.config import ConfigError, TrainConfig
 
 TINY_MODEL = "tiny-qwen2"  # the catalogue's profile of bidirl's tiny model (perf/profiles.py)
@@ -60,3 +61,16 @@ def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float, per_node: int
         max_gen_batches=(cfg.algorithm.filter_groups.max_num_gen_batches
                          if cfg.algorithm.filter_groups.enable else 0),
     )
+
+
+def check_trainer_memory(cfg: TrainConfig, model_dir: str) -> None:
+    """Refuse (``ConfigError``, one line) a run whose primary trainer's state does not fit
+    ``cluster.device_memory_gib`` on each of its ranks (``trainer.strategy``,
+    ``cluster.train_devices``); the model is ``model_dir``'s ``config.json``."""
+    if cfg.cluster.device_memory_gib is None:
+        return
+    params = model_profile(ModelSpec(config=model_dir), ConfigError, "model.path").params
+    problem = trainer_budget_problem(params, cfg.trainer.strategy, cfg.cluster.train_devices,
+                                     cfg.cluster.device_memory_gib)
+    if problem:
+        raise ConfigError(problem)

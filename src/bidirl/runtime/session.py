@@ -91,7 +91,7 @@ from bidirl.runtime.prepare import (
 from bidirl.runtime.prompt_stream import PromptStream, load_prompt_encoder, val_set
 from bidirl.runtime.reporting import StepReporter
 from bidirl.runtime.run_dir import LEDGER, truncate_ledger
-from bidirl.runtime.run_spec import build_spec
+from bidirl.runtime.run_spec import build_spec, check_trainer_memory
 from bidirl.runtime.run_summary import run_summary, write_admissions
 from bidirl.runtime.stops import StopSignals, clean_stop_error
 from bidirl.runtime.trajectories import hub_for, is_multi_turn
@@ -167,6 +167,7 @@ class TrainSession:
         val_rows = prepare_val_rows(cfg)
         model_dir = prepare_model(cfg)
         check_lora_targets(cfg, model_dir)
+        check_trainer_memory(cfg, model_dir)  # the trainer's state against cluster.device_memory_gib
         # Ray starts while the tokenizer loads and the prompts are measured (RayStart); the
         # device workers start only once the data has passed (fit_prompts), as before.
         with ray_session_started(self.ray_address, num_cpus=cfg.cluster.rollout_devices + cfg.cluster.train_devices,

@@ -21,7 +21,9 @@ An auxiliary with nothing left is reported (``ChunkComputed``) so that it can go
 before the merge: its gradients stay in the object store for the primary.  When every
 micro-batch is computed, each rank merges *its own* micro-batches (whoever computed
 them) in order and rank 0 also the plan's auxiliary chunks: the update does not depend on
-who computed what, or when.
+who computed what, or when.  A sharded primary (``trainer.strategy=fsdp2``) merges
+micro-batch ``i`` on rank ``i % ranks`` instead, the plan's auxiliary chunks included, so
+that its update does not depend on the plan either (``merges_by_index``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 
 from bidirl.controller.actions import PRIMARY, JoinStep, StartTrainStep
 from bidirl.controller.events import ChunkComputed, StageMeasured, TrainStepFinished
+from bidirl.engines.trainer_config import merges_by_index
 from bidirl.frame.hosting import LENDING, LENT
 from bidirl.policy.split import PRIMARY_DEPTH  # calls a primary rank keeps on its device
 from bidirl.runtime.step_layout import Layout, StepRecord, lay_out, set_advantages
@@ -267,8 +270,11 @@ class TrainDriver:
                 if ex.on_step:
                     ex.on_step(rec)
 
+        by_index = merges_by_index(ex.job.trainer_kwargs.get("config"), len(devs))
+        every = sorted([*st.static, *(i for r in st.rank_items for i in r)])
         for rank, dev in enumerate(devs):
-            items = list(st.rank_items[rank]) + (st.static if rank == 0 else [])
+            items = ([i for i in every if i % len(devs) == rank] if by_index
+                     else list(st.rank_items[rank]) + (st.static if rank == 0 else []))
             where = [st.computed_on[i] for i in items]
             n_own = 0
             while n_own < len(where) and where[n_own] == dev:
