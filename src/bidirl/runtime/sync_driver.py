@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from bidirl.runtime.weight_shm import unlink_segments
+
 
 class SyncDriver:
     def __init__(self, ex, transport: str = "object_store", delta: bool = False,
@@ -40,6 +42,7 @@ class SyncDriver:
         self.records: list[dict] = []  # {transport, version, bytes_moved, full_bytes, seconds, rebuilt}
         self.shm_queue: deque = deque()  # shm: syncs waiting for the previous one's reads
         self.shm_busy = False
+        self.segments: set[str] = set()  # shm: every segment the trainer wrote, unlinked by ``close``
 
     def push(self, units: list[int], version: int, done: Callable[[object], None]) -> bool:
         """Bring ``version`` to ``units``' replicas; ``done`` per replica (the device's load
@@ -92,6 +95,7 @@ class SyncDriver:
                         "full_bytes": r.full_bytes, "seconds": r.seconds, "wall_s": None,
                         "rebuilt": ticket.layout != self.generation, "replicas": len(devices)})
             self.generation = ticket.layout  # shm: the segment's layout
+            self.segments.add(ticket.segment)
             self.records.append(rec)
             for d in devices:
                 ex.calls.issue(d, read, ("rollout", "weight sync"), "read_weights", ticket, on_lost=lambda: read(None))
@@ -100,10 +104,16 @@ class SyncDriver:
                        self.delta)
 
     def close(self) -> None:
-        """The run is over: the trainer unlinks its segment (not waited for; its process's
-        finaliser and the resource tracker unlink it otherwise)."""
-        if self.transport == "shm":
+        """The run is over, failed or not: the trainer unlinks its segment (not waited for),
+        and so does the driver, which saw every segment's name (a trainer killed outright runs
+        no finaliser)."""
+        if self.transport != "shm" or not self.segments:
+            return
+        try:
             self.ex.backend.submit(self.ex.layout.train_devices[0], "close_weights")
+        except Exception:  # the trainer is gone already
+            pass
+        unlink_segments(self.segments)
 
     def _rebuild(self, trainer: int, devices: tuple[int, ...]) -> None:
         addr, port = self.rendezvous()

@@ -17,8 +17,11 @@ after the write returned, and the next write only after every read of the previo
 before and after the read all the same, and a mismatch refused.
 
 The owner (the trainer) unlinks the segment when it is closed, garbage-collected or its process
-exits (``weakref.finalize``); ``multiprocessing``'s resource tracker unlinks it after a crash.
-Readers map the file directly, so they never register it (and never unlink it on exit).
+exits (``weakref.finalize``).  A trainer killed outright runs none of that, and Ray kills its
+children (``multiprocessing``'s resource tracker) with it, so the driver, which saw every
+segment's name in the tickets, unlinks them too at the end of the run, failed or not
+(``SyncDriver.close``, from ``DeviceExecutor.finish``).  Readers map the file directly, so they
+never register it (and never unlink it on exit).
 """
 
 from __future__ import annotations
@@ -31,14 +34,14 @@ import struct
 import time
 import weakref
 from dataclasses import dataclass
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 import numpy as np
 
 from bidirl.runtime.weight_sync import DeltaTracker, SyncRecord, plan_buckets, tensor_bytes
 
-__all__ = ["SHM_DIR", "ShmReader", "ShmTicket", "ShmWriter", "check_one_node"]
+__all__ = ["SHM_DIR", "ShmReader", "ShmTicket", "ShmWriter", "check_one_node", "unlink_segments"]
 
 SHM_DIR = "/dev/shm"
 PREFIX = "bidirl-ws-"
@@ -78,12 +81,26 @@ def _dtype_name(t) -> str:
 def _unlink(shm: shared_memory.SharedMemory) -> None:
     try:
         shm.unlink()
-    except FileNotFoundError:
-        pass
+    except FileNotFoundError:  # the driver unlinked it first (``unlink_segments``): untrack it all the same
+        resource_tracker.unregister(shm._name, "shared_memory")
     try:
         shm.close()
     except BufferError:  # a view still exported: the mapping goes with it, the name is gone already
         pass
+
+
+def unlink_segments(names) -> list[str]:
+    """Unlink these segments where this process sees them (the driver's end of the run: a
+    trainer killed outright runs no finaliser, and Ray takes its resource tracker with it);
+    the ones it unlinked."""
+    gone = []
+    for name in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            gone.append(name)
+        except FileNotFoundError:  # unlinked by its owner, or on another node than this process
+            pass
+    return gone
 
 
 class ShmWriter:
