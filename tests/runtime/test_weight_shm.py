@@ -137,9 +137,9 @@ def test_a_writer_and_a_reader_in_one_process_zero_copy_and_bf16():
 @pytest.fixture(scope="module")
 def endpoints(ray_local):
     pytest.importorskip("torch")
-    from bidirl.runtime.weight_sync import SyncEndpoint
+    from bidirl.runtime.weight_shm import ShmEndpoint
 
-    E = ray_local.remote(num_cpus=0.5)(SyncEndpoint)
+    E = ray_local.remote(num_cpus=0.5)(ShmEndpoint)
     trainer, a, b = E.remote(), E.remote(), E.remote()
     ray_local.get(trainer.make.remote(SHAPES, seed=5))
     return ray_local, trainer, a, b
@@ -198,9 +198,9 @@ def test_a_dead_owners_segment_is_unlinked_by_the_driver_at_the_end_of_the_run(r
     """The trainer's process killed outright runs no finaliser (and Ray takes its resource
     tracker with it): the driver, which saw the segment's name in its ticket, unlinks it."""
     pytest.importorskip("torch")
-    from bidirl.runtime.weight_sync import SyncEndpoint
+    from bidirl.runtime.weight_shm import ShmEndpoint
 
-    owner = ray_local.remote(num_cpus=0.5)(SyncEndpoint).remote()
+    owner = ray_local.remote(num_cpus=0.5)(ShmEndpoint).remote()
     ray_local.get(owner.make.remote(SHAPES))
     ex = _Ex()
 

@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from bidirl.runtime.weight_sync import DeltaTracker, SyncRecord, plan_buckets, tensor_bytes
+from bidirl.runtime.weight_sync import DeltaTracker, SyncEndpoint, SyncRecord, plan_buckets, tensor_bytes
 
-__all__ = ["SHM_DIR", "ShmReader", "ShmTicket", "ShmWriter", "check_one_node", "unlink_segments"]
+__all__ = ["SHM_DIR", "ShmEndpoint", "ShmReader", "ShmTicket", "ShmWriter", "check_one_node", "unlink_segments"]
 
 SHM_DIR = "/dev/shm"
 PREFIX = "bidirl-ws-"
@@ -237,3 +237,23 @@ def _view(buf, dtype: str, shape: tuple, offset: int, nbytes: int):
 
         flat = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
         return flat.view(getattr(torch, dtype)).view(shape)
+
+
+class ShmEndpoint(SyncEndpoint):
+    """``SyncEndpoint`` with the ``shm`` transport's ends too (the bench's and the tests')."""
+
+    def __init__(self, threads: int = 1) -> None:
+        super().__init__(threads)
+        self.shm_out, self.shm_in = ShmWriter(), ShmReader()
+
+    def write(self, version: int, delta: bool = False) -> tuple[ShmTicket, SyncRecord]:
+        """(the ticket to read this sync with, its record): what ``write_weights`` returns."""
+        return self.shm_out.write(self.named, version, delta)
+
+    def read(self, ticket: ShmTicket) -> tuple[int, int]:
+        self.version, self.named, n = self.shm_in.read(ticket)
+        return self.version, n
+
+    def close_shm(self) -> None:
+        self.shm_in.close()
+        self.shm_out.close()

@@ -309,11 +309,8 @@ class SyncEndpoint:
     def __init__(self, threads: int = 1) -> None:
         import torch
 
-        from bidirl.runtime.weight_shm import ShmReader, ShmWriter  # it imports this module
-
         torch.set_num_threads(threads)
         self.link = WeightLink()
-        self.shm_out, self.shm_in = ShmWriter(), ShmReader()
         self.named: dict[str, Any] = {}
         self.version = -1
 
@@ -345,18 +342,6 @@ class SyncEndpoint:
     def recv(self) -> tuple[int, int]:
         self.version, self.named, n = self.link.recv()
         return self.version, n
-
-    def write(self, version: int, delta: bool = False):
-        """shm: (the ticket to read this sync with, its ``SyncRecord``)."""
-        return self.shm_out.write(self.named, version, delta)
-
-    def read(self, ticket) -> tuple[int, int]:
-        self.version, self.named, n = self.shm_in.read(ticket)
-        return self.version, n
-
-    def close_shm(self) -> None:
-        self.shm_in.close()
-        self.shm_out.close()
 
     def load(self, payload: list) -> tuple[int, int]:
         """object_store: ``payload`` is ``[ObjectRef]``, fetched here (the transfer's end)."""
