@@ -216,3 +216,24 @@ def test_a_dead_owners_segment_is_unlinked_by_the_driver_at_the_end_of_the_run(r
     ray_local.kill(owner)
     d.close()
     assert out[0].segment not in _segments()
+
+
+@pytest.mark.ray
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_real_run_syncs_over_shm_and_leaves_no_segment(tmp_path, real_runtime_available):
+    """``bidirl train`` with bidirl's lends both ways, its weights by shm a delta at a time: the
+    replicas load the segment's views into vLLM, the run audits clean, /dev/shm is left as found."""
+    import json
+
+    from runtime_cli_helpers import SMALL, run_cli
+
+    before = _segments()
+    run = tmp_path / "run"
+    out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=3", "scheduler.policy=bidirl",
+                  "run.plot=false", "run.tensorboard=false", "rollout.weight_sync=shm",
+                  "rollout.weight_sync_delta=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["audit"]["ok"], summary["audit"]
+    assert _segments() - before == set()
