@@ -225,15 +225,27 @@ def test_a_real_run_syncs_over_shm_and_leaves_no_segment(tmp_path, real_runtime_
     """``bidirl train`` with bidirl's lends both ways, its weights by shm a delta at a time: the
     replicas load the segment's views into vLLM, the run audits clean, /dev/shm is left as found."""
     import json
+    import threading
 
     from runtime_cli_helpers import SMALL, run_cli
 
-    before = _segments()
+    before, seen, done = _segments(), set(), threading.Event()
+
+    def watch() -> None:  # the segment lives from the first sync to the run's end
+        while not done.wait(0.1):
+            seen.update(_segments() - before)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     run = tmp_path / "run"
     out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=3", "scheduler.policy=bidirl",
                   "run.plot=false", "run.tensorboard=false", "rollout.weight_sync=shm",
                   "rollout.weight_sync_delta=true")
+    done.set()
+    watcher.join()
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["audit"]["ok"], summary["audit"]
+    assert seen, "the weights went through a /dev/shm segment"
     assert _segments() - before == set()
+    assert "leaked shared_memory" not in out.stderr
