@@ -121,7 +121,7 @@ def test_a_writer_and_a_reader_in_one_process_zero_copy_and_bf16():
     assert np.array_equal(views["i"], named["i"]) and views["w"].flags.writeable  # the engine takes it as is
     with torch.no_grad():
         named["w"].add_(1.0)
-    ticket, rec = w.write(named, 8, delta=True)  # a full write leaves no marks: this delta is whole
+    ticket, rec = w.write(named, 8, delta=True)  # a numpy array in the set: a whole write leaves no marks
     assert rec.bytes_moved == rec.full_bytes
     ticket, rec = w.write(named, 9, delta=True)
     assert rec.bytes_moved == 0 and r.read(ticket)[0] == 9
@@ -161,16 +161,22 @@ def test_shm_delivers_the_object_stores_bytes_and_a_delta_only_what_changed(endp
     want = ray.get(trainer.digest.remote())
     assert ray.get(a.digest.remote()) == want == ray.get(b.digest.remote())
 
-    _shm(ray, trainer, [a], 2, delta=True)  # the segment's marks: the first delta after a full write is whole
-    rec, got = _shm(ray, trainer, [a], 3, delta=True)
+    rec, got = _shm(ray, trainer, [a], 3, delta=True)  # torch's marks were taken by the full write
     assert rec.bytes_moved == 0 and rec.tensors == 0 and got == [(3, 0)]
     ray.get(trainer.touch.remote(LORA))
-    rec, got = _shm(ray, trainer, [a, b], 4, delta=True)  # b never read shm before: it still gets the whole set
-    assert rec.tensors == len(LORA) and rec.bytes_moved == sum(4 * np.prod(SHAPES[k]) for k in LORA)
-    assert [v for v, _ in got] == [4, 4]
+    _shm(ray, trainer, [a], 4)  # a whole write between two deltas
+    ray.get(trainer.touch.remote(LORA[:1]))
+    rec, got = _shm(ray, trainer, [a, b], 5, delta=True)  # b never read shm before: it still gets the whole set
+    assert rec.tensors == 1 and rec.bytes_moved == 4 * np.prod(SHAPES[LORA[0]])
+    assert [v for v, _ in got] == [5, 5]
     want = ray.get(trainer.digest.remote())
     assert ray.get(a.digest.remote()) == want == ray.get(b.digest.remote())
-    ray.get(b.load.remote([trainer.pack.remote(4)]))  # and the object store agrees
+    ray.get(trainer.touch.remote(LORA))
+    rec, _ = _shm(ray, trainer, [a, b], 6, delta=True)
+    assert rec.tensors == len(LORA) and rec.bytes_moved == sum(4 * np.prod(SHAPES[k]) for k in LORA)
+    want = ray.get(trainer.digest.remote())
+    assert ray.get(a.digest.remote()) == want
+    ray.get(b.load.remote([trainer.pack.remote(6)]))  # and the object store agrees
     assert ray.get(b.digest.remote()) == want
 
 

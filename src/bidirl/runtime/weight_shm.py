@@ -130,10 +130,10 @@ class ShmWriter:
             if n:
                 self._view(off, n).copy_(_flat_cpu(named[k]))
         self._set_version(version)
-        if digests is not None:
+        if digests is None and all(hasattr(t, "_version") for t in named.values()):
+            digests = self.tracker.changed(named)[1]  # torch's marks cost no reads
+        if digests is not None:  # else (numpy, a whole write) the old marks stay: a superset changed since
             self.tracker.sent(digests)
-        else:  # marking a whole write would hash numpy arrays' bytes: the next delta is whole instead
-            self.tracker.forget()
         ticket = ShmTicket(self.shm.name, self.layout, version, moved, len(names))
         return ticket, SyncRecord("shm", version, moved, tensor_bytes(named), len(names), time.perf_counter() - t0)
 
