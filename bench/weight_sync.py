@@ -13,8 +13,11 @@ Each round, in a shuffled order and for every size:
 - ``object_store``: the sender copies its tensors into one numpy dict (``WeightLink.pack``),
   Ray's store carries it, the receiver ``ray.get``\\ s it (zero copy on one node);
 - ``collective``: one gloo broadcast per 64 MiB bucket over a ``WeightLink`` group;
-- ``collective_delta_lora`` / ``object_store_delta_lora``: an optimizer step on the adapters
-  alone, then a delta sync (only the changed tensors cross);
+- ``shm``: the sender copies its tensors into a ``/dev/shm`` segment (``runtime/weight_shm.py``),
+  and once that returned the receiver maps it (once per layout) and holds zero-copy views of it,
+  the runtime's order (the driver issues the read when the write's result is back);
+- ``collective_delta_lora`` / ``object_store_delta_lora`` / ``shm_delta_lora``: an optimizer step
+  on the adapters alone, then a delta sync (only the changed tensors cross);
 - ``memcpy``: a numpy copy of the model's bytes in the driver, the physical one-node limit.
 
 Every figure is the median over rounds of bytes / seconds, timed by the driver from the
@@ -40,7 +43,9 @@ SIZES = {  # name: (hidden, layers, intermediate, heads, kv_heads, head_dim, voc
     "qwen3-310m": (1024, 22, 3072, 16, 8, 64, 32000),
 }
 LORA_RANK = 16
-TRANSPORTS = ("object_store", "collective", "collective_delta_lora", "object_store_delta_lora")
+BASES = ("object_store", "collective", "shm")
+SHORT = {"object_store": "store", "collective": "coll", "shm": "shm"}
+TRANSPORTS = (*BASES, *(f"{b}_delta_lora" for b in BASES))
 
 
 def qwen3_shapes(hidden, layers, inter, heads, kv, hd, vocab) -> tuple[dict, list[str]]:
@@ -82,6 +87,9 @@ def one_sync(ray, sender, receiver, transport: str, version: int, lora: list[str
     t0 = time.perf_counter()
     if transport.startswith("object_store"):
         _, n = ray.get(receiver.load.remote([sender.pack.remote(version, delta)]))
+    elif transport.startswith("shm"):
+        ticket, _ = ray.get(sender.write.remote(version, delta))
+        _, n = ray.get(receiver.read.remote(ticket))
     else:
         rec = sender.send.remote(version, delta)
         _, n = ray.get(receiver.recv.remote())
@@ -108,6 +116,7 @@ def bench_size(ray, endpoint, name: str, rounds: int, port: int) -> dict:
                 continue
             version += 1
             rows[t].append(one_sync(ray, sender, receiver, t, version, lora))
+    ray.get([receiver.close_shm.remote(), sender.close_shm.remote()])  # the segment is unlinked
     ray.kill(sender)
     ray.kill(receiver)
     params = sum(int(np.prod(s)) for k, s in shapes.items() if "lora_" not in k)
@@ -117,11 +126,10 @@ def bench_size(ray, endpoint, name: str, rounds: int, port: int) -> dict:
         out[t] = {"median_s": statistics.median(secs), "bytes_moved": xs[0][1],
                   "bytes_per_s": statistics.median(n / s for s, n in xs), "seconds": secs}
     mem = [n / s for s, n in rows["memcpy"]]
-    out["collective_over_memcpy"] = statistics.median(
-        (n / s) / m for (s, n), m in zip(rows["collective"], mem, strict=True))
-    out["object_store_over_memcpy"] = statistics.median(
-        (n / s) / m for (s, n), m in zip(rows["object_store"], mem, strict=True))
-    for base in ("collective", "object_store"):
+    for base in BASES:
+        out[f"{base}_over_memcpy"] = statistics.median(
+            (n / s) / m for (s, n), m in zip(rows[base], mem, strict=True))
+    for base in BASES:
         out[f"lora_speedup_{base}"] = statistics.median(
             f / d for (f, _), (d, _) in zip(rows[base], rows[f"{base}_delta_lora"], strict=True))
     return out
@@ -131,7 +139,7 @@ def per_byte_fit(results: dict) -> dict:
     """``seconds = a + b * GB`` per transport, least squares over sizes and deltas: the
     weight-sync model's constants on this machine."""
     fits = {}
-    for base in ("collective", "object_store"):
+    for base in BASES:
         xs, ys = [], []
         for r in results.values():
             for t in (base, f"{base}_delta_lora"):
@@ -152,24 +160,24 @@ def main(argv=None) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from bidirl.runtime.cluster import ray_session
     from bidirl.runtime.placement import free_port
-    from bidirl.runtime.weight_sync import SyncEndpoint
+    from bidirl.runtime.weight_shm import ShmEndpoint
 
     t_start = time.perf_counter()
     results = {}
     with ray_session(num_cpus=3) as ray:
-        endpoint = ray.remote(num_cpus=1)(SyncEndpoint)
+        endpoint = ray.remote(num_cpus=1)(ShmEndpoint)
         for name in args.sizes.split(","):
             results[name] = bench_size(ray, endpoint, name, args.rounds, free_port())
             print(f"[weight_sync] {name} done at {time.perf_counter() - t_start:.0f} s", flush=True)
     fits = per_byte_fit(results)
-    print(f"\n{'model':<11}{'params':>8}{'memcpy GB/s':>12}" + "".join(f"{t:>25}" for t in TRANSPORTS[:2])
-          + f"{'coll/memcpy':>12}{'LoRA MB':>9}{'LoRA x (coll)':>14}{'LoRA x (store)':>15}")
+    print(f"\n{'model':<11}{'params':>8}{'memcpy GB/s':>12}" + "".join(f"{t:>18}" for t in BASES)
+          + f"{'coll/memcpy':>12}{'shm/memcpy':>11}{'LoRA MB':>9}"
+          + "".join(f"LoRA x ({SHORT[b]})".rjust(16) for b in BASES))
     for name, r in results.items():
         print(f"{name:<11}{r['params'] / 1e6:>7.0f}M{r['memcpy']['bytes_per_s'] / 1e9:>12.2f}"
-              + "".join(f"{r[t]['bytes_per_s'] / 1e9:>17.2f} GB/s {r[t]['median_s']:>5.2f}s"[-25:].rjust(25)
-                        for t in TRANSPORTS[:2])
-              + f"{r['collective_over_memcpy']:>11.0%} {r['lora_bytes'] / 1e6:>8.1f}"
-              + f"{r['lora_speedup_collective']:>13.1f}x{r['lora_speedup_object_store']:>14.1f}x")
+              + "".join(f"{r[t]['bytes_per_s'] / 1e9:.2f} GB/s {r[t]['median_s']:.3f}s".rjust(18) for t in BASES)
+              + f"{r['collective_over_memcpy']:>12.0%}{r['shm_over_memcpy']:>11.0%}{r['lora_bytes'] / 1e6:>9.1f}"
+              + "".join(f"{r[f'lora_speedup_{b}']:>15.1f}x" for b in BASES))
     for t, f in fits.items():
         print(f"per-byte fit {t}: {f['latency_s'] * 1e3:.1f} ms + {f['s_per_gb']:.3f} s/GB")
     data = {"commit": code_version(), "machine": platform.node(), "cpus": os.cpu_count(), "rounds": args.rounds,

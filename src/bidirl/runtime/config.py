@@ -131,10 +131,11 @@ class RolloutConfig:
     weight_sync: str = option(
         "object_store", "how new weights reach the replicas: object_store (a numpy dict through Ray's store), "
         "collective (a bucketed broadcast over a group of the trainer and the replicas: gloo on CPU, NCCL on "
-        "CUDA), cuda_ipc (trainer and replica on one CUDA device)", resume_safe=True)
+        "CUDA), cuda_ipc (trainer and replica on one CUDA device), shm (a /dev/shm segment the trainer writes "
+        "and the replicas map: one node, CPU)", resume_safe=True)
     weight_sync_delta: bool = option(
-        False, "collective: send only the tensors whose bytes changed since the group's last sync "
-        "(LoRA, a frozen vision tower)", resume_safe=True)
+        False, "collective, shm: send only the tensors whose bytes changed since the group's last sync "
+        "(shm: since the segment's last write) (LoRA, a frozen vision tower)", resume_safe=True)
 
 
 @dataclass

@@ -189,6 +189,7 @@ class DeviceExecutor:
         The replicas' decode steps since their last measurement go to the profile
         (``rollout_driver.DECODE_REMAINDER``), for the run's calibrated scenario."""
         self.profile.extend((self.now(), m) for m in self.rollout.take_remainders())
+        self.sync.close()  # shm: the segment is unlinked
         self.clock.finish(self.now())
         return self.clock.sorted_intervals()
 

@@ -25,10 +25,11 @@ from bidirl.engines.lora import lora_settings
 from bidirl.engines.trainer_config import trainer_wire
 from bidirl.runtime.backend import RayBackend
 from bidirl.runtime.checkpoints import complete_checkpoints
-from bidirl.runtime.config import TrainConfig
+from bidirl.runtime.config import ConfigError, TrainConfig
 from bidirl.runtime.executor import DeviceExecutor, Job, Layout
 from bidirl.runtime.messages import rollout_wire
 from bidirl.runtime.placement import PREWARM_SYNC, WARM_UP, NodeLost, Placement, rendezvous, start_workers
+from bidirl.runtime.weight_shm import check_one_node
 
 
 def worker_settings(cfg: TrainConfig, model_dir: str, max_model_len: int, max_images: int = 0
@@ -43,6 +44,19 @@ def worker_settings(cfg: TrainConfig, model_dir: str, max_model_len: int, max_im
     return rollout_kwargs, trainer_config
 
 
+def check_sync_placement(cfg: TrainConfig, spec: ClusterSpec, placement: Placement | None) -> None:
+    """``rollout.weight_sync=shm`` on a cluster of several nodes: refused in one line, before
+    any worker starts (a ``/dev/shm`` segment is seen on its own node alone)."""
+    if cfg.rollout.weight_sync != "shm" or placement is None:
+        return
+    where = [f"{x.ip}: devices {placement.devices_on(x.index)}" for x in placement.nodes
+             if x.index in placement.device_node]
+    try:
+        check_one_node(placement.device_node, spec.train_devices[0], where)
+    except ValueError as e:
+        raise ConfigError(f"rollout.{e}") from None
+
+
 def start_executor(cfg: TrainConfig, policy, spec: ClusterSpec, placement: Placement, job: Job, ckpt: Path | None,
                    wrap_backend=None) -> tuple[DeviceExecutor, tuple[int, ...]]:
     """(the executor, bound to a controller running ``policy``; the primary trainer's devices).
@@ -51,6 +65,7 @@ def start_executor(cfg: TrainConfig, policy, spec: ClusterSpec, placement: Place
     trainer starts from (None: the model directory's weights); ``wrap_backend(backend, spec)``
     the tests' fault injection."""
     model_dir, trainer_config = job.trainer_kwargs["model_dir"], job.trainer_kwargs["config"]
+    check_sync_placement(cfg, spec, placement)
     t_boot = time.perf_counter()
     workers, unit_device, train_devices, switch_measurements, new_worker = start_workers(
         cfg, spec, job.rollout_kwargs, model_dir, trainer_config, policy, ckpt, placement)

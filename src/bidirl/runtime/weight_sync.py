@@ -9,6 +9,8 @@
                     broadcast per bucket (gloo on CPU,     a delta merged into the full set
                     NCCL on CUDA) over a WeightLink        the replica holds
       cuda_ipc      CUDA IPC handles of the trainer's tensors, same device only
+      shm           one copy into a /dev/shm segment ---->  zero-copy views of it (one node, CPU;
+                    (``weight_shm.py``)                     the CPU analogue of cuda_ipc)
 
 A ``WeightLink`` is one device's end of the weight group: a process group of its own (a
 ``TCPStore`` hosted by the trainer, rank 0), apart from the trainer's data-parallel group, so
@@ -34,7 +36,7 @@ import numpy as np
 
 __all__ = ["TRANSPORTS", "DeltaTracker", "SyncRecord", "WeightLink", "check_transport", "tensor_bytes"]
 
-TRANSPORTS = ("object_store", "collective", "cuda_ipc")
+TRANSPORTS = ("object_store", "collective", "cuda_ipc", "shm")
 # Measured (bench/weight_sync.py): gloo on loopback reaches its rate from 64 MiB buckets on.
 BUCKET_BYTES = 64 << 20
 _ALIGN = 64  # every tensor starts on a 64-byte boundary of its bucket: any dtype's view is legal
@@ -48,6 +50,9 @@ def check_transport(name: str, device: str = "cpu") -> str:
     if name == "cuda_ipc" and device != "cuda":
         raise ValueError(f"weight_sync 'cuda_ipc' needs the trainer and the replica on one CUDA device; "
                          f"this run's device is {device} (use object_store or collective)")
+    if name == "shm" and device != "cpu":
+        raise ValueError(f"weight_sync 'shm' is a CPU transport (a /dev/shm segment on one node); this run's "
+                         f"device is {device} (use cuda_ipc or collective)")
     return name
 
 

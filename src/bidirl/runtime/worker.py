@@ -19,6 +19,7 @@ from typing import Any
 from bidirl.engines.hf_io import quiet_hf_progress_bars
 from bidirl.runtime.rollout_role import RolloutRole
 from bidirl.runtime.vllm_env import apply_vllm_env, vllm_env
+from bidirl.runtime.weight_shm import ShmReader, ShmTicket, ShmWriter
 from bidirl.runtime.weight_sync import WeightLink
 
 
@@ -39,6 +40,7 @@ class DeviceWorker:
         # hot switch costs a weight load instead of an engine start.
         self.parked: dict[str, Any] = {}
         self.link = WeightLink()  # this device's end of the weight-sync group (rollout.weight_sync)
+        self.shm_out, self.shm_in = ShmWriter(), ShmReader()  # rollout.weight_sync=shm: nothing until used
 
     # -- hosting ----------------------------------------------------------------------
     def host(self, role: str, **kwargs) -> float:
@@ -119,6 +121,25 @@ class DeviceWorker:
         t0 = self.link.header_at
         self.roles["rollout"].update_weights(named, version)
         return time.perf_counter() - t0, n
+
+    def write_weights(self, version: int, delta: bool = False):
+        """shm: the primary trainer writes its parameters into the segment; (the ticket the
+        replicas read it with, a ``SyncRecord``)."""
+        return self.shm_out.write(self.roles["train"].named_tensors(), version, delta)
+
+    def read_weights(self, ticket: ShmTicket) -> tuple[float, int]:
+        """shm: a replica loads views of the segment; (seconds to the engine holding the
+        weights, bytes the sync wrote).  Checked again after the load: never a torn sync."""
+        t0 = time.perf_counter()
+        version, named, n = self.shm_in.read(ticket)
+        self.roles["rollout"].update_weights(named, version)
+        self.shm_in.check(ticket)
+        return time.perf_counter() - t0, n
+
+    def close_weights(self) -> None:
+        """The run is over: the segment this device owns is unlinked."""
+        self.shm_in.close()
+        self.shm_out.close()
 
     def kill(self) -> None:
         """Die now (fault-injection tests): Ray reports the actor as dead to the driver."""
