@@ -176,6 +176,10 @@ def test_every_policy_runs_for_real(tmp_path, policy, real_runtime_available):
     assert sorted(r["group"] for r in _ledger(run)) == list(range(3 * 4))
     if policy in ("roll-borrow", "bidirl"):
         assert any(k.startswith("prewarm.roll_on_train") for k, _ in summary["switches"])
+    if sync:  # every sync recorded; a delta never moves more than a whole send
+        ws = summary["weight_sync"]
+        assert ws["transport"] == "collective" and ws["delta"] and ws["syncs"] >= 2  # versions 1 and 2
+        assert 0 < ws["bytes_moved"] <= ws["full_bytes"]
     # every borrow decision is in admissions.jsonl, and they add up to the summary's counts
     logged = [json.loads(ln) for ln in (run / "admissions.jsonl").read_text().splitlines() if ln]
     counts = {k: v for k, v in summary["admission"].items() if k != "latest"}

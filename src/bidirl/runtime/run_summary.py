@@ -106,6 +106,7 @@ def run_summary(cfg: TrainConfig, ledger_path: Path, rewards_by_step: dict[int, 
         "reclaim_waits": ex.reclaim_waits if ex else [],
         "lost_devices": ex.lost_devices if ex else [],
         "admission": admission_summary(ex.controller.state.admissions) if ex else {},
+        "weight_sync": ex.sync.summary() if ex else {},
         **(nodes_summary(ex, placement) if ex else {}),
     }
 

@@ -26,6 +26,7 @@ feeds the weight-sync model's per-byte term.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Callable
 
@@ -127,3 +128,21 @@ class SyncDriver:
     def forget(self) -> None:
         """A member's process is gone (a lost device): the next sync builds a new group."""
         self.members = None
+
+    def summary(self) -> dict:
+        """``summary.json``'s ``weight_sync``: the transport, and over the run's syncs (collective
+        and shm record each; the object store's path records only its durations, in the
+        executor) the bytes moved against a whole send's, and median seconds."""
+        out = {"transport": self.transport, "delta": self.delta, "syncs": len(self.records)}
+        recs = [r for r in self.records if r.get("seconds") is not None]
+        if recs:
+            moved = sum(r["bytes_moved"] for r in recs)
+            out.update(bytes_moved=moved, full_bytes=sum(r["full_bytes"] for r in recs),
+                       seconds_median=statistics.median(r["seconds"] for r in recs),
+                       group_rebuilds=sum(1 for r in recs if r.get("rebuilt")))
+        waited = [r["wall_s"] for r in self.records if r.get("wall_s") is not None]
+        if waited:
+            out["wall_s_median"] = statistics.median(waited)
+        if self.transport == "object_store":
+            out["syncs"] = len(self.ex.sync_seconds)
+        return out
