@@ -136,3 +136,16 @@ def test_a_run_with_images_describes_them(tmp_path):
     assert (w.images_per_prompt, w.image_pixels, w.image_bytes) == (1, 4096, 1000)
     assert "vision tower's time is inside the measured prefill" in sc.description
     assert simulate(sc, "bidirl", record_intervals=False).groups_lost == 0
+
+
+def test_a_runs_syncs_with_their_bytes_give_the_transports_cost_per_gb(tmp_path):
+    """``WeightsSynced.bytes_moved`` (a collective or shm sync records it) becomes
+    ``costs.weight_sync_s_per_gb``: the transport's cost, to scale the run to another model."""
+    from bidirl.controller.events import WeightsSynced
+
+    run = run_fake("bidirl", **WORKLOADS["train-heavy"])
+    cfg = SimpleNamespace(scheduler=SimpleNamespace(policy="bidirl"), run=SimpleNamespace(seed=0))
+    for i, (secs, nbytes) in enumerate([(0.02, 10**8), (0.03, 10**8), (0.5, 10**9)]):
+        run.executor.profile.append((1.0 + i, WeightsSynced(100 + i, secs, bytes_moved=nbytes)))
+    sc = load(calibrated_scenario.write(tmp_path, cfg, run.executor, run.intervals))
+    assert sc.costs.weight_sync_s_per_gb == pytest.approx(0.3)  # the median of 0.2, 0.3 and 0.5 s/GB

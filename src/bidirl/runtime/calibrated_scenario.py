@@ -219,6 +219,9 @@ def scenario_dict(f: RunFacts) -> dict:
     costs = {f"{k.replace('.', '_')}_s": _median(measured[k] or warm[k]) for k in SWITCHES}
     costs["train_on_roll_c_grad_s"] = _median(y for _, y in _samples(recs, "train_on_roll.c_grad"))
     costs["weight_sync_s"] = _median(syncs)
+    per_gb = [r["seconds"] * 1e9 / r["bytes_moved"] for r in recs  # the transport's, to scale to other sizes
+              if r["event"] == "WeightsSynced" and r["seconds"] > 0 and (r.get("bytes_moved") or 0) > 0]
+    costs["weight_sync_s_per_gb"] = _median(per_gb)
     keep = keep_rate_fit(recs, f.steps)
     lengths = response_lengths(recs, None if keep else f.steps * f.prompts_per_step, f.group_size)
     if not lengths:
