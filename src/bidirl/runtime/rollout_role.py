@@ -110,7 +110,9 @@ class RolloutRole:
                         use_tqdm_on_load=False,
                         # Explicit: otherwise vLLM sizes the KV cache from (shared) host memory.
                         kv_cache_memory_bytes=kv_cache_bytes, **engine_batching(),
-                        **({"limit_mm_per_prompt": {"image": max_images}} if max_images else {}))
+                        **({"limit_mm_per_prompt": {"image": max_images}} if max_images else {}),
+                        # a parked replica on a GPU frees its KV cache (sleep level 1): vLLM needs it asked for
+                        **({"enable_sleep_mode": True} if torch.cuda.is_available() else {}))
         self._engine = self._llm.llm_engine
         hf = self._engine.vllm_config.model_config.hf_config
         self._tied_cpu_head = vllm_on_cpu() and bool(getattr(hf.get_text_config(), "tie_word_embeddings", False))
