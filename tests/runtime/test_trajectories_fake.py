@@ -198,7 +198,9 @@ def test_episodes_are_validated_in_rounds_outside_the_ledger(policy):
 
 def test_an_ended_trajectory_not_yet_taken_counts_as_started():
     """A group reassigned between a trajectory's end and the driver's next look must not start
-    it again (it would finish twice): ``started`` holds until ``take_finished``."""
+    it again (it would finish twice): ``started`` holds until ``take_finished``.  And the
+    driver must look again rather than call the run stalled: ``in_environment`` counts it
+    (a suite run once stalled in that window)."""
     class Fails:
         def reset(self, row):
             raise RuntimeError("no episode")
@@ -212,8 +214,8 @@ def test_an_ended_trajectory_not_yet_taken_counts_as_started():
         deadline = time.time() + 10
         while hub.live and time.time() < deadline:
             time.sleep(0.001)
-        assert hub.live == 0 and hub.started(5, 0)
+        assert hub.live == 0 and hub.started(5, 0) and hub.in_environment() == 1
         (res,) = hub.take_finished()
-        assert res.outcome == "env_error" and not hub.started(5, 0)
+        assert res.outcome == "env_error" and not hub.started(5, 0) and hub.in_environment() == 0
     finally:
         hub.close()

@@ -128,10 +128,13 @@ class TrajectoryHub:
             return len(self._live)
 
     def in_environment(self) -> int:
-        """Trajectories not waiting for a model turn (in ``reset``/``step``, or ending): they will
-        produce a request or a finished trajectory without the driver's doing."""
+        """Trajectories not waiting for a model turn (in ``reset``/``step``, or ending), and
+        requests and ended trajectories not yet taken: work the driver will have without a
+        call finishing.  (An episode that ended just after the driver's ``take_finished`` is
+        no longer live: counted here, the driver looks again instead of calling it a stall.)"""
         with self._lock:
-            return sum(1 for x in self._live.values() if x.waiting is None) + len(self._requests)
+            return (sum(1 for x in self._live.values() if x.waiting is None) + len(self._requests)
+                    + len(self._finished))
 
     def all_asking(self) -> bool:
         """Every live episode has asked for its next model turn (none is in its environment)."""
