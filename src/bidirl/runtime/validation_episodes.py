@@ -68,7 +68,9 @@ class EpisodeValidator(Validator):
                             self.vs.temperature, self.vs.seed, None, on_lost=self._lost)
 
     def waiting_on_environment(self) -> bool:
-        return self.hub is not None and not self.round_in_flight and not self.hub.all_asking()
+        """Work to come without a call finishing: an episode in its environment, or all ended
+        since the last ``pump`` (the next one ends the validation; not a stall)."""
+        return self.hub is not None and not self.round_in_flight and (self.hub.live == 0 or not self.hub.all_asking())
 
     def _lost(self) -> None:
         super()._lost()
