@@ -178,7 +178,8 @@ class DeviceExecutor:
                 st = self.controller.state
                 raise RuntimeError(
                     f"runtime stalled: nothing in flight and the run is not finished (next step {st.next_step}, "
-                    f"phase {st.phase.value}, running groups {st.running}, done per batch {st.queue.done[:8]})")
+                    f"phase {st.phase.value}, running groups {st.running}, done per batch {st.queue.done[:8]})"
+                    + self.rollout.stall_state())
             if not self.calls.dispatch(ENV_POLL_S if in_env else 5.0, self._device_lost):
                 time.sleep(0.001)
             self._refresh_clock()

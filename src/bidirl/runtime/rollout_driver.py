@@ -161,6 +161,15 @@ class RolloutDriver:
     def _unit_of(self, g: int) -> int | None:
         return next((u for u, gs in enumerate(self.groups) if g in gs and self.ex.hosting.serves_rollout(u)), None)
 
+    def stall_state(self) -> str:
+        """What a multi-turn run holds when the executor finds nothing in flight (for its error)."""
+        if self.hub is None:
+            return ""
+        on = {u: sorted(t) for u, t in enumerate(self.turns_on) if t}
+        return (f"; trajectories live {self.hub.live}, in their environments {self.hub.in_environment()}, "
+                f"parked turns {dict((g, len(r)) for g, r in self.parked.items())}, turns on units {on}, "
+                f"groups per unit {[sorted(gs) for gs in self.groups]}")
+
     def waiting_on_environment(self) -> bool:
         """True while an episode is in its environment: the hub will have work without a call finishing."""
         return self.hub is not None and self.hub.in_environment() > 0
