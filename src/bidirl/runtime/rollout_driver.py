@@ -351,6 +351,11 @@ class RolloutDriver:
         for (g, _i), req in self.turns_on[u].items():  # turns that never came back (a lost device): from their start
             self.parked.setdefault(g, []).append(req)
         self.turns_on[u].clear()
+        # A group whose last trajectory ended while this unit was switching (not serving
+        # rollout) is complete and not yet reported: report it now, or nobody ever would.
+        ended = sorted(g for g in self.groups[u] if store.groups[g].complete)
+        if ended:
+            ex.deliver(self._completed(u, ended))
         gids = sorted(g for g in self.groups[u] if not store.groups[g].complete)
         self.groups[u].clear()
         if gids:
