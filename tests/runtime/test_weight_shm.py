@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from fake_sync_executor import FakeSyncExecutor
 
 from bidirl.runtime.config import ConfigError, load_config
 from bidirl.runtime.sync_driver import SyncDriver
@@ -60,26 +61,6 @@ def test_shm_is_refused_across_nodes_in_one_line():
 
 
 # -- the driver's order -------------------------------------------------------------------
-class _Calls:
-    def __init__(self):
-        self.issued = []  # (device, method, args, cb, on_lost)
-
-    def issue(self, device, cb, busy, method, *args, on_lost=None, **kw):
-        self.issued.append((device, method, args, cb, on_lost))
-
-
-class _Ex:
-    def __init__(self):
-        self.calls = _Calls()
-        self.layout = type("L", (), {"train_devices": [9]})()
-
-    def unit_device(self, u):
-        return u
-
-    def now(self):
-        return 0.0
-
-
 def test_reads_follow_their_write_and_the_next_write_every_read():
     """A replica is told to read only once the write returned; a second sync pushed meanwhile
     is written only after every read of the first (the segment holds one sync); a lost replica
@@ -87,7 +68,7 @@ def test_reads_follow_their_write_and_the_next_write_every_read():
     from bidirl.runtime.weight_shm import ShmTicket
     from bidirl.runtime.weight_sync import SyncRecord
 
-    ex, got = _Ex(), []
+    ex, got = FakeSyncExecutor(), []
     d = SyncDriver(ex, "shm", True)
     assert d.push([0, 1], 1, got.append) and d.push([0, 1], 2, got.append)
     assert [(c[0], c[1]) for c in ex.calls.issued] == [(9, "write_weights")]
@@ -208,7 +189,7 @@ def test_a_dead_owners_segment_is_unlinked_by_the_driver_at_the_end_of_the_run(r
 
     owner = ray_local.remote(num_cpus=0.5)(ShmEndpoint).remote()
     ray_local.get(owner.make.remote(SHAPES))
-    ex = _Ex()
+    ex = FakeSyncExecutor()
 
     def dead(*_a, **_k):
         raise RuntimeError("the trainer is gone")

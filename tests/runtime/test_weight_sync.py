@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fake_sync_executor import FakeSyncExecutor
 
 from bidirl.runtime.config import ConfigError, load_config
 from bidirl.runtime.sync_driver import SyncDriver
@@ -65,30 +66,10 @@ def test_delta_marks_nothing_when_nothing_changed_and_only_what_changed():
     assert tr2.changed(arrays)[0] == [LORA[0]]
 
 
-class _FakeCalls:
-    def __init__(self):
-        self.issued = []
-
-    def issue(self, device, cb, busy, method, *args, **kw):
-        self.issued.append((device, method, args))
-
-
-class _FakeEx:
-    def __init__(self):
-        self.calls = _FakeCalls()
-        self.layout = type("L", (), {"train_devices": [9]})()
-
-    def unit_device(self, u):
-        return u
-
-    def now(self):
-        return 0.0
-
-
 def test_the_group_follows_the_replica_set():
     """A sync to the same replicas reuses the group; one whose targets differ (a lend, a
     reclaim) joins every member to a new generation first; a lost device forces one."""
-    ex = _FakeEx()
+    ex = FakeSyncExecutor()
     d = SyncDriver(ex, "collective", True, rendezvous=lambda: ("127.0.0.1", 1234))
     assert d.push([0, 1], 1, lambda _: None)
     joins = [c for c in ex.calls.issued if c[1] == "join_weights"]
