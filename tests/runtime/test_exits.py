@@ -142,7 +142,6 @@ def test_the_cli_reports_a_lost_primary_trainer_in_one_line(tmp_path, monkeypatc
             raise primary_trainer_lost(1, lost)  # noqa: B904 (chained, as in the executor)
 
     monkeypatch.setattr(train_mod, "main", fake_main)
-    monkeypatch.setattr(cli, "clean_stale_runs", lambda: [])  # this machine's other runs are not this test's
     assert cli.main(["train"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"bidirl train: error: device 1 (the primary trainer, which holds the optimizer) died (DeviceLost: "

@@ -126,3 +126,16 @@ def test_clean_stale_runs_stops_only_the_dead_runs_ray_processes(root, capsys):
         for p in procs.values():
             p.kill()
             p.wait()
+
+
+@pytest.mark.cleans_leftovers
+def test_every_cli_command_cleans_up_after_dead_runs_first(root, capsys):
+    """``bidirl``'s entry point runs the cleanup before the command itself (``cli.main``)."""
+    from bidirl.cli import main
+
+    dead = _run_dir(root, "dead", f"{_dead_pid()} 123")
+    assert main(["train", "--run-dir", "", "no_such_key=1"]) == 2
+    assert not os.path.exists(dead)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("[bidirl] cleaned up after 1 run(s) that did not end cleanly: removed "), err
+    assert err[1].startswith("bidirl train: error: "), err
