@@ -18,7 +18,22 @@ from bidirl.sim import scenario as scn
 def test_the_runtimes_limits_name_the_missing_piece():
     assert unrunnable_reason(Envelope(4, 4, 1, 4, 1)) is None
     assert "train_tp 2" in unrunnable_reason(Envelope(4, 4, 1, 2, 2))
-    assert "rollout_tp 4" in unrunnable_reason(Envelope(4, 4, 4, 4, 1))
+    assert "rollout_tp 4" in unrunnable_reason(Envelope(4, 4, 4, 4, 1)), "GPUs: one device a replica"
+    assert unrunnable_reason(Envelope(4, 4, 4, 4, 1), cpu=True) is None, "CPU cores: a replica may span 4"
+    assert "rollout_tp 16" in unrunnable_reason(Envelope(16, 16, 16, 16, 1), cpu=True)
+
+
+def test_a_cpu_plans_tensor_parallel_replicas_run_and_a_gpu_plans_are_refused(tmp_path):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--scenario", "tiny-cpu", "--confirm", "0", "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["hardware"] == "cpu-core"
+    wide = {**plan, "envelope": {**plan["envelope"], "rollout_devices": 2, "rollout_tp": 2}}
+    assert "rollout.tensor_parallel_size=2" in plan_overrides(wide)
+    with pytest.raises(ValueError, match="on GPUs a rollout replica is one device"):
+        plan_overrides({**wide, "hardware": "H100-80GB"})
+    with pytest.raises(ValueError, match="on GPUs"):
+        plan_overrides({k: v for k, v in wide.items() if k != "hardware"})  # an older plan: the stricter limits
 
 
 def test_a_runnable_plan_keeps_only_runnable_layouts_and_says_why_others_went():

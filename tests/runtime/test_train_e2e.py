@@ -166,16 +166,31 @@ def test_every_policy_runs_for_real(tmp_path, policy, real_runtime_available):
     """async, sync and bidirl-opportunistic run in the tests above; these are the rest."""
     run = tmp_path / "run"
     # bidirl lends both ways: its weights also move by the collective transport, a delta at a time
-    # (the sync group follows each lend and reclaim, runtime/sync_driver.py)
+    # (the sync group follows each lend and reclaim, runtime/sync_driver.py), and its replicas
+    # span two devices (rollout.tensor_parallel_size=2), as does the training unit it lends
     sync = ["rollout.weight_sync=collective", "rollout.weight_sync_delta=true"] if policy == "bidirl" else []
+    tp = ["cluster.rollout_devices=2", "cluster.train_devices=2", "rollout.tensor_parallel_size=2",
+          "cluster.oversubscribe=true"] if policy == "bidirl" else []
     out = run_cli("train", "--run-dir", str(run), *SMALL, "run.steps=3", f"scheduler.policy={policy}",
-                  "run.plot=false", "run.tensorboard=false", *sync)
+                  "run.plot=false", "run.tensorboard=false", *sync, *tp)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["audit"]["ok"], summary["audit"]
     assert sorted(r["group"] for r in _ledger(run)) == list(range(3 * 4))
     if policy in ("roll-borrow", "bidirl"):
         assert any(k.startswith("prewarm.roll_on_train") for k, _ in summary["switches"])
+    if tp:  # one 2-device unit a pool: each lendable role measured once; 4 devices' time conserved
+        prewarmed = sorted(k for k, _ in summary["switches"] if k.startswith("prewarm."))
+        assert prewarmed == ["prewarm.roll_on_train.c_in", "prewarm.roll_on_train.c_out",
+                             "prewarm.train_on_roll.c_in", "prewarm.train_on_roll.c_out"], prewarmed
+        from bidirl.core.timeline import Activity, Interval
+
+        trace = json.loads((run / "trace.json").read_text())
+        ivs = [Interval(e["args"]["device"], e["args"]["pool"], e["args"]["role"], Activity(e["args"]["activity"]),
+                        e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, "", e["args"]["borrowed"])
+               for e in trace["traceEvents"] if e.get("ph") == "X"]
+        assert {i.device for i in ivs} == {0, 1, 2, 3}
+        assert check_conservation(ivs, 4, max(i.end_s for i in ivs), tol=1e-5) == []
     if sync:  # every sync recorded; a delta never moves more than a whole send
         ws = summary["weight_sync"]
         assert ws["transport"] == "collective" and ws["delta"] and ws["syncs"] >= 2  # versions 1 and 2

@@ -11,7 +11,8 @@ from bidirl.runtime.vllm_env import vllm_env
 
 def test_the_variables_the_worker_sets():
     assert vllm_env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
-                          "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+                          "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                          "OMP_NUM_THREADS": "1"}
     assert vllm_env(threads=3)["OMP_NUM_THREADS"] == "3"
     assert "OMP_NUM_THREADS" not in vllm_env(threads=None)
 

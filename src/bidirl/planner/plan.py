@@ -30,7 +30,7 @@ from bidirl.planner.context import PlanContext
 from bidirl.planner.envelope import Envelope, scenario_with_envelope
 from bidirl.planner.memory import usable_bytes
 from bidirl.planner.predict import HORIZON_STEPS, Prediction, predict, with_pipeline
-from bidirl.planner.runnable import unrunnable_reason
+from bidirl.planner.runnable import cpu_hardware, unrunnable_reason
 
 __all__ = ["PlanError", "PlanResult", "Candidate", "plan", "evaluate",
            "candidate_envelopes", "scenario_with_envelope"]
@@ -71,6 +71,7 @@ class PlanResult:
     confirm_s: float = 0.0
     planner_pick: Envelope | None = None  # the planner's own pick, when a confirmation ran
     policy: str = "bidirl"  # the policy planned for (its borrowing and staleness)
+    hardware: str = ""  # the device's profile name: what runs where (planner/runnable.py)
 
     @property
     def predicted_tokens_per_s(self) -> float:
@@ -84,6 +85,7 @@ class PlanResult:
         return {
             "scenario": self.scenario,
             "policy": self.policy,
+            "hardware": self.hardware,
             "steps": self.steps,
             **Candidate(self.envelope, self.prediction).to_json(),
             "alternatives": [c.to_json() for c in self.alternatives],
@@ -222,7 +224,7 @@ def plan(scenario, top_k: int = 5, steps: int | None = None, policy: str = "bidi
     rejected: list[Rejection] = []
     envs = candidate_envelopes(ctx)
     for env in envs:
-        why = unrunnable_reason(env) if runnable_only else None
+        why = unrunnable_reason(env, cpu_hardware(ctx.hw.name)) if runnable_only else None
         if why is not None:
             rejected.append(Rejection(env, "runtime", why))
             continue
@@ -241,7 +243,7 @@ def plan(scenario, top_k: int = 5, steps: int | None = None, policy: str = "bidi
     cands = _break_tie(ctx, cands)
     best = cands[0]
     return PlanResult(scenario.name, best.envelope, best.prediction, cands[:top_k], rejected,
-                      len(envs), len(cands), cands, ctx.steps, policy=policy)
+                      len(envs), len(cands), cands, ctx.steps, policy=policy, hardware=ctx.hw.name)
 
 
 def _break_tie(ctx: PlanContext, ranked: list[Candidate]) -> list[Candidate]:

@@ -102,6 +102,7 @@ class RunFacts:
     images_per_prompt: float = 0.0  # images in the trained prompts; each one's mean pixels and bytes
     image_pixels: int = 0
     image_bytes: int = 0
+    rollout_tp: int = 1  # devices a replica spans (rollout.tensor_parallel_size)
 
 
 def model_entry(spec: ClusterSpec) -> str | dict:
@@ -207,7 +208,8 @@ def scenario_dict(f: RunFacts) -> dict:
         fit_notes[stage] = (len(samples), err, scale)
         if stage in ("decode", "prefill"):
             rollout_measured += sum(y for _, y in samples)
-    busy = f.rollout_busy_s / rollout_measured if f.rollout_busy_s and rollout_measured > 0 else None
+    # device-seconds over replica-seconds: a replica of rollout_tp devices is busy on each of them
+    busy = f.rollout_busy_s / f.rollout_tp / rollout_measured if f.rollout_busy_s and rollout_measured > 0 else None
     cal["train_step_overhead_s"] = _step_overhead(recs, f.train_devices)
     cal["startup_s"] = _startup(recs)
     # Pre-warmed: lends timed before the loop, or (a policy that lends nothing) the weight load
@@ -252,7 +254,7 @@ def scenario_dict(f: RunFacts) -> dict:
             **({"images_per_prompt": max(1, round(f.images_per_prompt)), "image_pixels": f.image_pixels,
                 "image_bytes": f.image_bytes} if f.images_per_prompt else {}),
         },
-        "pools": {"rollout_devices": f.rollout_devices, "train_devices": f.train_devices, "rollout_tp": 1,
+        "pools": {"rollout_devices": f.rollout_devices, "train_devices": f.train_devices, "rollout_tp": f.rollout_tp,
                   "train": {"dp": f.train_devices, "tp": 1}},
         "costs": costs,
         "sim": {"timing_noise_cv": 0.0, "prior_scale": 1.0, "micro_batch_tokens": f.micro_batch_tokens,
@@ -296,7 +298,8 @@ def facts(cfg, rt, intervals=None, wall: float | None = None) -> RunFacts:
     images, groups = sum(r.images for r in steps), sum(len(r.staleness) for r in steps)
     return RunFacts(
         name="calibrated", policy=cfg.scheduler.policy, hardware=spec.hardware, model=model_entry(spec),
-        rollout_devices=spec.n_replicas, train_devices=len(spec.train_devices), staleness=spec.staleness,
+        rollout_devices=len(spec.rollout_devices()), rollout_tp=spec.rollout_tp, train_devices=len(spec.train_devices),
+        staleness=spec.staleness,
         seed=cfg.run.seed, steps=len(steps), prompts_per_step=spec.groups_per_step, group_size=spec.group_size,
         prompt_tokens=prompt, max_new_tokens=spec.max_response_tokens, micro_batch_tokens=spec.micro_batch_tokens,
         micro_batch_samples=spec.micro_batch_samples, replica_cap=spec.replica_cap,
@@ -352,7 +355,8 @@ def facts_from_run_dir(run_dir: Path) -> RunFacts:
                    and e.get("args", {}).get("activity") == "busy") / 1e6
     return RunFacts(
         name="calibrated", policy=cfg.scheduler.policy, hardware=spec.hardware, model=model_entry(spec),
-        rollout_devices=spec.n_replicas, train_devices=len(spec.train_devices), staleness=spec.staleness,
+        rollout_devices=len(spec.rollout_devices()), rollout_tp=spec.rollout_tp, train_devices=len(spec.train_devices),
+        staleness=spec.staleness,
         seed=cfg.run.seed, steps=steps, prompts_per_step=spec.groups_per_step, group_size=spec.group_size,
         prompt_tokens=prompt, max_new_tokens=spec.max_response_tokens, micro_batch_tokens=spec.micro_batch_tokens,
         micro_batch_samples=spec.micro_batch_samples, replica_cap=spec.replica_cap, profile=records,

@@ -128,6 +128,8 @@ class RolloutConfig:
     max_num_seqs: int = option(128, "vLLM's concurrent sequences per replica", ge=1, resume_safe=True)
     kv_cache_mb: int = option(256, "vLLM KV-cache memory per replica (explicit: never sized from host RAM)",
                               ge=16, resume_safe=True)
+    tensor_parallel_size: int = option(1, "devices one vLLM replica spans (tensor parallel); the rollout pool, and "
+                                       "each training unit lent to rollout, come in blocks of it (CPU)", ge=1, le=8)
     weight_sync: str = option(
         "object_store", "how new weights reach the replicas: object_store (a numpy dict through Ray's store), "
         "collective (a bucketed broadcast over a group of the trainer and the replicas: gloo on CPU, NCCL on "
@@ -294,6 +296,13 @@ def _check(c: TrainConfig) -> TrainConfig:
         check_transport(c.rollout.weight_sync, c.cluster.device)
     except ValueError as e:
         raise ConfigError(f"rollout.{e}") from None
+    tp = c.rollout.tensor_parallel_size
+    need(c.cluster.rollout_devices % tp == 0, "cluster.rollout_devices",
+         f"a multiple of rollout.tensor_parallel_size ({tp}: a replica spans that many devices)",
+         c.cluster.rollout_devices)
+    need(tp == 1 or c.cluster.device == "cpu", "rollout.tensor_parallel_size",
+         "1 with cluster.device=cuda (a device worker holds one GPU, and a tensor-parallel replica's "
+         "processes need all of its unit's GPUs: not supported yet)", tp)
     need(c.data.val_max_samples != 0, "data.val_max_samples", "-1 (all) or at least 1", 0)
     need(not (c.algorithm.filter_groups.enable and c.scheduler.reproducible), "algorithm.filter_groups.enable",
          "false with scheduler.reproducible=true (which step a replacement group joins depends on when groups "

@@ -81,6 +81,8 @@ class DeviceState:
     """What the executor tracks of each device beside its calls, by device id."""
 
     unit: dict[int, int]  # device -> the unit it is
+    # a unit's other devices (rollout.tensor_parallel_size > 1) -> the unit: their time is the unit's
+    members: dict[int, int] = field(default_factory=dict)
     switching: dict[int, str] = field(default_factory=dict)  # device -> what it is switching through
     last_work_s: dict[int, float] = field(default_factory=dict)  # device -> its longest last piece of work
 
@@ -118,13 +120,14 @@ class DeviceExecutor:
         self.job, self.layout = job, layout
         spec = self.spec
         if not layout.pools:
-            layout.pools = {layout.unit_device(u): "rollout" for u in range(spec.n_replicas)}
+            layout.pools = {d: "rollout" for d in spec.rollout_devices()}
             layout.pools.update({d: "train" for d in layout.train_devices})
         self.pump = EventPump(controller)
         self.hosting = Hosting(spec.n_replicas, spec.n_units)
         self.calls = CallBook(backend, layout.pools)
         self.clock = Recorder(layout.pools, keep=True)
-        self.devices = DeviceState({layout.unit_device(u): u for u in range(spec.n_units)})
+        self.devices = DeviceState({layout.unit_device(u): u for u in range(spec.n_units)},
+                                   members={d: u for u in range(spec.n_units) for d in spec.unit_devices(u)[1:]})
         self.weights = PolicyWeights(job.version_offset, lambda: self.backend.submit(
             self.layout.train_devices[0], "call", "train", "weights"))
         self.switches: list[tuple[str, float]] = []  # (kind, seconds), measured
@@ -344,14 +347,22 @@ class DeviceExecutor:
         t = self.now()
         for dev, pool in self.layout.pools.items():
             u = self.devices.unit.get(dev)
+            if dev in self.devices.members and self._as_unit(self.devices.members[dev]):
+                continue  # recorded with its unit's first device, below
+            devs = self.spec.unit_devices(u) if u is not None and self._as_unit(u) else (dev,)
             role = self.hosting.current_role(u).value if u is not None else pool
             borrowed = role != pool and not (pool == "rollout" and role == "rollout")
             busy = self.calls.label(dev)
             if dev in self.devices.switching:
-                self.clock.set((dev,), t, Activity.SWITCHING, role, self.devices.switching[dev], borrowed)
+                self.clock.set(devs, t, Activity.SWITCHING, role, self.devices.switching[dev], borrowed)
             elif busy is not None:
-                self.clock.set((dev,), t, Activity.BUSY, busy[0], busy[1], borrowed)
+                self.clock.set(devs, t, Activity.BUSY, busy[0], busy[1], borrowed)
             else:
                 replica = pool == "rollout" or role == "rollout"
                 cause = self.controller.idle_cause(u if replica else None)
-                self.clock.set((dev,), t, Activity.IDLE, role, cause, borrowed)
+                self.clock.set(devs, t, Activity.IDLE, role, cause, borrowed)
+
+    def _as_unit(self, u: int) -> bool:
+        """Whether unit ``u``'s devices work as one now: a replica always (one engine over them),
+        a training unit while it is lent (each rank its own at home)."""
+        return u < self.spec.n_replicas or self.hosting.status[u] is not UnitStatus.HOME

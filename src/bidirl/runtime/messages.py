@@ -30,6 +30,8 @@ def rollout_wire(cfg: TrainConfig, model_dir: str, max_model_len: int, max_image
                 reproducible=cfg.scheduler.reproducible)
     if max_images:
         wire["max_images"] = max_images
+    if cfg.rollout.tensor_parallel_size > 1:
+        wire["tensor_parallel_size"] = cfg.rollout.tensor_parallel_size
     if cfg.model.lora_rank:  # the replica merges each adapter it is sent (engines/lora.py)
         wire["lora_scale"] = cfg.model.lora_alpha / cfg.model.lora_rank
     return wire

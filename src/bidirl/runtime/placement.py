@@ -1,9 +1,13 @@
 """Where roles go: device ids, nodes, units, the controller's ``ClusterSpec``, and the workers.
 
-Devices ``0 .. R-1`` form the rollout pool (one replica per device: tensor-parallel vLLM
-across Ray actors is not supported yet), ``R .. R+T-1`` the training pool (one
-data-parallel rank per device, gloo on CPU / NCCL on CUDA).  Every train device is also a
-lendable unit that can host a borrowed rollout replica.
+Devices ``0 .. R-1`` form the rollout pool, ``R .. R+T-1`` the training pool (one
+data-parallel rank per device, gloo on CPU / NCCL on CUDA).  A rollout replica spans
+``rollout.tensor_parallel_size`` (k) consecutive devices, a *unit*; so does each lendable
+unit of the training pool (its first k x floor(T / k) devices), which can host one borrowed
+replica.  A unit's roles live on its first device's worker: a k-way replica is one vLLM
+engine there, whose shards run in vLLM's own worker processes (``RolloutRole``); the unit's
+other workers hold their share of the cores (or their trainer ranks) meanwhile.  CPU only:
+on CUDA a worker holds one GPU, and a k-way engine needs the unit's k.
 
 Nodes: as the planner's envelope lays devices out (``planner/envelope.py``), consecutive
 devices share a node: device ``d`` lives on node ``d // P``, ``P`` the devices of one node
@@ -181,7 +185,9 @@ def prewarm_hosts(spec: ClusterSpec, workers: dict, rollout_kwargs: dict, model_
     ~7 s of a 2-core start-up).  :func:`prewarm` waits for them and parks the roles.
     """
     calls = []
-    for d, w in workers.items():
+    for u in range(spec.n_units):  # a unit's roles live on its first device (a replica spans the unit)
+        d = spec.unit_devices(u)[0]
+        w = workers[d]
         if d in spec.train_devices and policy.lends_train_devices:
             calls.append((w, "rollout", w.host.remote("rollout", **rollout_kwargs)))
         elif d not in spec.train_devices and policy.lends_rollout_devices:
@@ -287,7 +293,7 @@ def _worker_factory(cfg: TrainConfig, spec: ClusterSpec, placement: Placement | 
                 raise NodeLost(f"node {node.ip} (devices {placement.devices_on(node.index)}) is gone: device {d} "
                                f"cannot be restarted there; resume from {resume_point()} with: {resume_command()} "
                                "(on the nodes left, e.g. cluster.ray_address=null)")
-        pool = "rollout" if d < len(spec.replica_devices) else "train"
+        pool = "train" if d in spec.train_devices else "rollout"
         return cls.options(scheduling_strategy=strategy(d), **extra).remote(d, pool, cfg.trainer.threads,
                                                                              cfg.run.seed)
 
@@ -319,7 +325,7 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
                 dp["dp_addr"] = addr
             calls.append(w.host.remote("train", model_dir=model_dir, config=trainer_config, **dp,
                                        checkpoint=str(trainer_ckpt) if trainer_ckpt else None))
-        else:
+        elif any(d == devs[0] for devs in spec.replica_devices):  # a replica's other devices host nothing
             calls.append(w.host.remote("rollout", **rollout_kwargs))
     lends = prewarm_hosts(spec, workers, rollout_kwargs, model_dir, trainer_config, policy) if cfg.cluster.prewarm \
         else []
@@ -336,8 +342,8 @@ def start_workers(cfg: TrainConfig, spec: ClusterSpec, rollout_kwargs: dict, mod
     if trainer_ckpt is not None:  # rollout replicas start from the checkpoint's weights
         weights = workers[train_devices[0]].call.remote("train", "weights")
         version = ray.get(workers[train_devices[0]].call.remote("train", "get_version"))
-        ray.get([workers[d].call.remote("rollout", "update_weights", weights, version)
-                 for d in range(len(spec.replica_devices))])
+        ray.get([workers[devs[0]].call.remote("rollout", "update_weights", weights, version)
+                 for devs in spec.replica_devices])
 
     def unit_device(u: int) -> int:
         return spec.unit_devices(u)[0]

@@ -84,7 +84,7 @@ class RolloutRole:
                  dtype: str = "float32", seed: int = 0, device: str = "cpu",
                  kv_cache_bytes: int = 256 << 20, top_p: float = 1.0, top_k: int = -1,
                  min_tokens: int = 0, reproducible: bool = False, max_images: int = 0,
-                 lora_scale: float | None = None) -> None:
+                 lora_scale: float | None = None, tensor_parallel_size: int = 1) -> None:
         """``reproducible`` (``scheduler.reproducible``): a response whose engine request is
         restarted (a weight update, a validation) starts again from its first token with its
         own seed, instead of continuing from its tokens so far on a new random stream.
@@ -92,7 +92,9 @@ class RolloutRole:
         has that many tokens (capped at its ``max_new_tokens``); validation is not forced.
         ``max_images``: the most images one prompt holds (vLLM's ``limit_mm_per_prompt``; 0:
         the model's own default).  ``lora_scale`` (``model.lora_alpha / lora_rank``): weights
-        arrive as LoRA adapters, merged into the base weights kept here (``engines/lora.py``)."""
+        arrive as LoRA adapters, merged into the base weights kept here (``engines/lora.py``).
+        ``tensor_parallel_size`` > 1: the engine's shards run in vLLM's own processes (its
+        ``mp`` executor), which this role starts and stops (``runtime/placement.py``)."""
         apply_vllm_env()
         import torch  # lazy, as vLLM: both load after apply_vllm_env (thread counts, compile flags)
         from vllm import LLM
@@ -104,7 +106,8 @@ class RolloutRole:
             from bidirl.engines.lora import AdapterMerge  # lazy: torch, which loads after apply_vllm_env
 
             self._lora = AdapterMerge(model_dir, lora_scale)
-        self._llm = LLM(model=model_dir, dtype=dtype, distributed_executor_backend="uni",
+        self._llm = LLM(model=model_dir, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                        distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         enforce_eager=True, seed=seed, enable_prefix_caching=False,
                         use_tqdm_on_load=False,
@@ -222,16 +225,16 @@ class RolloutRole:
         model's measurement (``WeightsSynced.load_s``).
         """
         import torch  # lazy: see __init__ (loaded there already)
-
         if self._lora is not None:
             tensors = iter(self._lora.merged(named_arrays).items())
         else:  # tensors: a collective's buckets on CUDA; arrays from Ray's store may be read-only
             tensors = ((k, v if isinstance(v, torch.Tensor) else torch.from_numpy(v if v.flags.writeable else v.copy()))
                        for k, v in named_arrays.items())
+        tensors = list(tensors) if self._tp > 1 else tensors  # to each shard's process: a generator won't pickle
         with self._control():
             t0 = time.perf_counter()  # the load alone: not the wait for the step in progress
-            self._llm.collective_rpc("reload_weights",
-                                     kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors,
+                                                               "is_checkpoint_format": True})
             if self._tied_cpu_head:
                 self._llm.collective_rpc(repack_tied_lm_head)
             self._llm.reset_prefix_cache()
@@ -289,6 +292,8 @@ class RolloutRole:
                 self._llm.wake_up()
             self._llm.reset_prefix_cache()
 
+    _tp = property(lambda self: self._engine.vllm_config.parallel_config.tensor_parallel_size)
+
     @staticmethod
     def _on_cuda() -> bool:
         import torch  # lazy: see __init__ (loaded there already)
@@ -301,6 +306,8 @@ class RolloutRole:
         with self._control():
             self._closed = True
         self._thread.join()
+        if self._tp > 1:  # the shards' processes: stopped now, not whenever the engine is collected
+            self._engine.engine_core.shutdown()
         del self._engine
         del self._llm
         gc.collect()

@@ -44,7 +44,8 @@ def build_spec(cfg: TrainConfig, steps: int, prompt_tokens: float, per_node: int
         model=TINY_MODEL if model is None else model.name,
         model_profile=model,
         devices=r + t,
-        **device_layout(r, t, 1, per_node or r + t),  # one device a replica, a rank and a unit
+        # a replica and a lendable unit: rollout.tensor_parallel_size devices; a rank: one
+        **device_layout(r, t, cfg.rollout.tensor_parallel_size, per_node or r + t),
         train_dp=t, train_tp=1,
         replica_cap=cfg.rollout.max_num_seqs,
         groups_per_step=cfg.rollout.prompts_per_step,

@@ -8,6 +8,9 @@ conftest can use it before either loads.
 - ``TORCH_COMPILE_DISABLE=1``: vLLM compiles one sampler op even in eager mode (~3.5 s per
   engine start). Read when torch loads; :func:`apply_vllm_env` also flips the flag when
   torch is already loaded.
+- ``VLLM_CPU_OMP_THREADS_BIND=nobind``: a tensor-parallel replica's shard processes
+  (``rollout.tensor_parallel_size``) keep the thread counts set here instead of vLLM
+  binding each to a NUMA node of its own (which a one-node machine refuses).
 - ``TOKENIZERS_PARALLELISM=false``: no tokenizer thread pool (and no fork warning).
 - ``OMP_NUM_THREADS``: one intra-op thread per worker; vLLM replaces
   ``torch.set_num_threads`` process-wide once it loads, so thread counts are fixed before.
@@ -38,6 +41,7 @@ _FIXED = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "TOKENIZERS_PARALLELISM": "false",
     "TORCH_COMPILE_DISABLE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
