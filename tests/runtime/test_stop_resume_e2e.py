@@ -82,26 +82,22 @@ def _check_stopped(run, sig, status: int, stderr: str, after: int, steps: int) -
     return k
 
 
-def test_signals_stop_at_a_step_boundary_and_resumes_train_each_group_once(tmp_path, real_runtime_available):
-    """SIGTERM stops the run, SIGINT stops its resume, and the second resume completes it:
-    three runs, every group trained exactly once."""
-    run, steps = tmp_path / "run", 9
+def test_a_signal_stops_at_a_step_boundary_and_resume_trains_each_group_once(tmp_path, real_runtime_available):
+    """SIGTERM stops the run at a boundary, and its resume completes it: every group trained
+    exactly once.  (SIGINT takes the same path: ``test_exits.py`` checks its handler and line;
+    a stopped resume once ran here too, a third run of ~45 s.)"""
+    run, steps = tmp_path / "run", 6
     args = ["train", "--run-dir", str(run), *ARGS, f"run.steps={steps}", "run.checkpoint_every=0"]
     status, stderr = _stop_with(signal.SIGTERM, bidirl_cmd(*args), run, tmp_path / "stderr1.txt", after_steps=2)
-    k1 = _check_stopped(run, signal.SIGTERM, status, stderr, 2, steps)
-
-    status, stderr = _stop_with(signal.SIGINT, bidirl_cmd("train", "--resume", str(run)), run,
-                                tmp_path / "stderr2.txt", after_steps=k1 + 1)
-    assert f"resuming from {run / 'checkpoints' / f'step_{k1}'} at step {k1}" in stderr
-    k2 = _check_stopped(run, signal.SIGINT, status, stderr, k1 + 1, steps)
+    k = _check_stopped(run, signal.SIGTERM, status, stderr, 2, steps)
 
     out = run_cli("train", "--resume", str(run))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"resuming from {run / 'checkpoints' / f'step_{k2}'} at step {k2}" in out.stderr
+    assert f"resuming from {run / 'checkpoints' / f'step_{k}'} at step {k}" in out.stderr
     assert _groups(run) == list(range(steps * PPS)), "no group lost, none trained twice"
     assert _reward_steps(run) == list(range(steps)), "each step's metrics once"
     summary = json.loads((run / "summary.json").read_text())
-    assert (summary["steps"], summary["segment_steps"]) == (steps, steps - k2), "the run's steps, and this segment's"
+    assert (summary["steps"], summary["segment_steps"]) == (steps, steps - k), "the run's steps, and this segment's"
     assert_run_sound(run, steps, PPS)
 
 

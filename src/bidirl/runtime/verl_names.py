@@ -52,6 +52,7 @@ VERL_ALIASES: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.rollout.top_k", "rollout.top_k"),
     ("actor_rollout_ref.rollout.response_length", "rollout.max_new_tokens"),
     ("actor_rollout_ref.rollout.max_num_seqs", "rollout.max_num_seqs"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout.tensor_parallel_size"),
     ("actor_rollout_ref.rollout.dtype", "model.dtype"),
     ("actor_rollout_ref.rollout.val_kwargs.temperature", "rollout.val_temperature"),
     ("trainer.total_training_steps", "run.steps"),
