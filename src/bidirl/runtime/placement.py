@@ -6,8 +6,10 @@ data-parallel rank per device, gloo on CPU / NCCL on CUDA).  A rollout replica s
 unit of the training pool (its first k x floor(T / k) devices), which can host one borrowed
 replica.  A unit's roles live on its first device's worker: a k-way replica is one vLLM
 engine there, whose shards run in vLLM's own worker processes (``RolloutRole``); the unit's
-other workers hold their share of the cores (or their trainer ranks) meanwhile.  CPU only:
-on CUDA a worker holds one GPU, and a k-way engine needs the unit's k.
+other workers hold their share of the cores (or their trainer ranks) meanwhile.  A rollout
+unit lent to training hosts one auxiliary trainer, a full copy on its first device (the
+simulator's is one rank over the unit's k devices: faster by up to k).  CPU only: on CUDA
+a worker holds one GPU, and a k-way engine needs the unit's k.
 
 Nodes: as the planner's envelope lays devices out (``planner/envelope.py``), consecutive
 devices share a node: device ``d`` lives on node ``d // P``, ``P`` the devices of one node
