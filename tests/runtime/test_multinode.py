@@ -29,7 +29,7 @@ from runtime_cli_helpers import ROOT, SMALL, assert_run_sound, run_cli
 from bidirl.controller.estimates import Estimates
 from bidirl.controller.state import ClusterState
 from bidirl.runtime.config import ConfigError, load_config
-from bidirl.runtime.placement import assign_nodes
+from bidirl.runtime.placement import assign_nodes, check_units_fit_nodes
 from bidirl.runtime.run_spec import build_spec
 
 PPS = 4  # SMALL's rollout.prompts_per_step
@@ -39,6 +39,10 @@ PPS = 4  # SMALL's rollout.prompts_per_step
 def test_devices_fill_nodes_in_layout_order_and_a_short_cluster_is_refused():
     assert assign_nodes([2, 2], 3) == ([0, 0, 1], 2)
     assert assign_nodes([1, 1], 2) == ([0, 1], 1)
+    check_units_fit_nodes(2, 4, 2)  # 2-device replicas, 4 devices a node: every unit on one node
+    check_units_fit_nodes(3, 4, 1)  # one node: nothing to straddle
+    with pytest.raises(ConfigError, match=r"rollout.tensor_parallel_size: 3 devices a replica .* divisor of 4"):
+        check_units_fit_nodes(3, 4, 2)
     assert assign_nodes([8], 3) == ([0, 0, 0], 3), "one node holds a small run whole"
     with pytest.raises(ConfigError, match=r"need 3 nodes; the cluster has 2"):
         assign_nodes([1, 1], 3)

@@ -37,6 +37,8 @@ def test_yaml_then_overrides(tmp_path):
     ("=3", "=3"),
     ("rollout.min_new_tokens=17", "rollout.min_new_tokens"),  # over max_new_tokens (16)
     ("rollout.min_new_tokens=-1", "rollout.min_new_tokens"),
+    ("rollout.tensor_parallel_size=2", "cluster.rollout_devices"),  # 1 rollout device: not a multiple of 2
+    ("rollout.tensor_parallel_size=0", "rollout.tensor_parallel_size"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError) as e:
@@ -44,6 +46,15 @@ def test_bad_values_name_the_field(override, field):
     msg = str(e.value)
     # "field: what is wrong", or, for an override that is not key=value, the override quoted
     assert msg.startswith(f"{field}: ") or msg.startswith(f"override '{field}'"), msg
+
+
+def test_tensor_parallel_replicas_are_refused_on_cuda_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rollout.tensor_parallel_size=2", "cluster.rollout_devices=2", "cluster.device=cuda"])
+    assert str(e.value).startswith("rollout.tensor_parallel_size: must be 1 with cluster.device=cuda") \
+        and "\n" not in str(e.value)
+    assert load_config(None, ["rollout.tensor_parallel_size=2", "cluster.rollout_devices=2"]) \
+        .rollout.tensor_parallel_size == 2
 
 
 def test_missing_and_malformed_files(tmp_path):

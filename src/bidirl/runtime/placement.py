@@ -109,6 +109,16 @@ def assign_nodes(offers: list[int], devices: int) -> tuple[list[int], int]:
     return [d // per for d in range(devices)], per
 
 
+def check_units_fit_nodes(tp: int, per_node: int, nodes: int) -> None:
+    """A unit's ``tp`` devices on one node: its replica's shards run where its first device is.
+    Units start at multiples of ``tp`` (``controller/cluster.device_layout``), nodes at
+    multiples of ``per_node``, so every unit fits iff ``tp`` divides ``per_node``."""
+    if nodes > 1 and per_node % tp:
+        raise ConfigError(f"rollout.tensor_parallel_size: {tp} devices a replica do not fit on one node at "
+                          f"{per_node} devices a node (a replica's shards run on its first device's node); "
+                          f"use a divisor of {per_node}")
+
+
 def ray_nodes(ray, cfg: TrainConfig) -> tuple[list[Node], str | None]:
     """The alive nodes offering devices, in layout order, and the resource they offer by."""
     alive = [n for n in ray.nodes() if n.get("Alive")]
@@ -134,6 +144,7 @@ def place(cfg: TrainConfig) -> Placement:
     nodes, resource = ray_nodes(ray, cfg)
     n = cfg.cluster.rollout_devices + cfg.cluster.train_devices
     device_node, per = assign_nodes([x.devices for x in nodes], n)
+    check_units_fit_nodes(cfg.rollout.tensor_parallel_size, per, len(nodes))
     return Placement(tuple(nodes), tuple(device_node), per, resource)
 
 
