@@ -24,6 +24,16 @@ from bidirl.runtime.config import TrainConfig
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 
+def _device_intervals(trace: dict) -> list:
+    """The trace's device-time spans (its complete "X" events) as ``Interval``s, for
+    ``check_conservation``."""
+    from bidirl.core.timeline import Activity, Interval
+
+    return [Interval(e["args"]["device"], e["args"]["pool"], e["args"]["role"], Activity(e["args"]["activity"]),
+                     e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, "", e["args"]["borrowed"])
+            for e in trace["traceEvents"] if e.get("ph") == "X"]
+
+
 def _ledger(run_dir):
     return [json.loads(ln) for ln in (run_dir / "trained_groups.jsonl").read_text().splitlines() if ln]
 
@@ -151,11 +161,7 @@ def test_device_time_is_conserved_with_a_data_parallel_trainer(tmp_path, real_ru
     assert summary["audit"]["max_staleness"] == 0, "sync trains only on-policy samples"
     # sync's phase switches are colocated switches, not borrows (the simulator's meaning too)
     assert summary["extra"]["colocated_switches"] >= 2 and summary["borrows"]["roll_on_train"] == 0
-    from bidirl.core.timeline import Activity, Interval
-
-    ivs = [Interval(e["args"]["device"], e["args"]["pool"], e["args"]["role"], Activity(e["args"]["activity"]),
-                    e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, "", e["args"]["borrowed"])
-           for e in trace["traceEvents"] if e.get("ph") == "X"]
+    ivs = _device_intervals(trace)
     assert {i.device for i in ivs} == {0, 1, 2}
     wall = max(i.end_s for i in ivs)
     assert check_conservation(ivs, 3, wall, tol=1e-5) == []
@@ -183,12 +189,7 @@ def test_every_policy_runs_for_real(tmp_path, policy, real_runtime_available):
         prewarmed = sorted(k for k, _ in summary["switches"] if k.startswith("prewarm."))
         assert prewarmed == ["prewarm.roll_on_train.c_in", "prewarm.roll_on_train.c_out",
                              "prewarm.train_on_roll.c_in", "prewarm.train_on_roll.c_out"], prewarmed
-        from bidirl.core.timeline import Activity, Interval
-
-        trace = json.loads((run / "trace.json").read_text())
-        ivs = [Interval(e["args"]["device"], e["args"]["pool"], e["args"]["role"], Activity(e["args"]["activity"]),
-                        e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, "", e["args"]["borrowed"])
-               for e in trace["traceEvents"] if e.get("ph") == "X"]
+        ivs = _device_intervals(json.loads((run / "trace.json").read_text()))
         assert {i.device for i in ivs} == {0, 1, 2, 3}
         assert check_conservation(ivs, 4, max(i.end_s for i in ivs), tol=1e-5) == []
     if sync:  # every sync recorded; a delta never moves more than a whole send

@@ -53,8 +53,8 @@ def plan_overrides(plan: dict, source: str = "the plan") -> list[str]:
     Its split becomes ``cluster.rollout_devices`` / ``cluster.train_devices``, its replicas'
     width ``rollout.tensor_parallel_size``, a sharded trainer ``trainer.strategy=fsdp2`` (DDP
     otherwise), its policy ``scheduler.policy``.  Its ``hardware`` says whether its devices are
-CPU cores (a plan without one is judged as GPUs: the stricter limits).  A
-    layout the runtime cannot run, or a file that is no plan, is a ``ValueError`` in one line.
+    CPU cores (a plan without one is judged as GPUs: the stricter limits).  A layout the
+    runtime cannot run, or a file that is no plan, is a ``ValueError`` in one line.
     """
     try:
         e = plan["envelope"]
