@@ -43,7 +43,7 @@ KINDS = ("circle", "square", "triangle")
 QUESTIONS = {"count": "How many circles? Answer in \\boxed{}.",
              "colour": "What colour is the largest shape? Answer in \\boxed{}."}
 ANSWERS = {"count": tuple(str(n) for n in range(1, 7)), "colour": tuple(COLOURS)}
-"""Every answer a question can have (what the format warm start draws from, ``models/warm_start_vl.py``)."""
+"""Every answer a question can have (what the warm start's random targets draw from, ``models/warm_start_vl.py``)."""
 
 
 @dataclass(frozen=True)
@@ -156,5 +156,5 @@ class VisualTask(Task):
             }
 
 
-SHAPES = register_task(VisualTask("shapes", _no_text_pair, boxed_score, warm_start_steps=100, example=shapes_example))
-"""``warm_start_steps``: 100 steps of the format warm start (``models/warm_start_vl.py``)."""
+SHAPES = register_task(VisualTask("shapes", _no_text_pair, boxed_score, warm_start_steps=85, example=shapes_example))
+"""``warm_start_steps``: 85 steps of the warm start, part-way up the picture's cliff (``models/warm_start_vl.py``)."""

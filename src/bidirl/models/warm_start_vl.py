@@ -1,19 +1,22 @@
-"""Short supervised warm start of a vision-language model on a built-in visual task: the format only.
+"""Short supervised warm start of a vision-language model on a built-in visual task.
 
 Why, as for the text tasks (``models/warm_start.py``): a random tiny model never writes
 ``\\boxed{...}``, so every reward of a group is 0 and GRPO learns nothing.  SFT steps on the
 task's ``prompt + image -> \\boxed{answer}<|eos|>`` teach the format, so that sampled
 answers score above 0, the regime where GRPO has a signal.
 
-``answers="random"`` (the default): the target of each example is an answer drawn uniformly
-from the row's question's answers (``tasks_visual.ANSWERS``), not the ground truth, so the warm
-start teaches the format and the answer set and nothing of the picture: sampling at
-temperature 1 writes a well-formed answer (about 1 in 6 right), greedy decoding scores what a
-constant answer per question scores (~0.15), and what the run's validation gains above that
-is RL's.  Why not the ground truth (``answers="truth"``, the earlier default): 40 steps at
-5e-3 taught the answers' marginal (two distinct greedy answers, the picture unread) and GRPO
-drifted into collapse from there; fewer steps or a lower rate that do read the picture leave
-the format unlearnt at temperature 1 (7-10 % well formed) (docs/notes/2026-12-05-night-kl-reward-images-plan.md).
+What the targets are (``truth_fraction``): each example's ground truth with that probability,
+else an answer drawn uniformly from its question's answers (``tasks_visual.ANSWERS``).  The
+default, 85 steps at 2e-3 on the ground truth (``1.0``), stops the warm start part-way into
+reading the picture: supervised learning of ``shapes`` is a cliff (greedy validation, seed 0:
+0.20 at 70 steps, 0.30 at 85, 0.47 at 100, 0.61 at 300; the colour of the largest shape is
+read first, the circles' count much later), and 85 steps leave greedy validation at 0.30-0.34
+(seeds 0 and 1) with a few colours read.  RL then has a signal that points at the picture and
+climbs from there (seed 0, sync, lr 1e-4: 0.297 -> 0.492 in 300 steps).  ``0.0`` is the
+earlier default, the format only: greedy decoding starts at a constant answer per question
+(~0.15) and 300 RL steps stayed flat for 200-250 of them (+0.04 to +0.30 over 2 seeds);
+``0.5`` for 100 steps did no better (+0.125)
+(docs/notes/2026-12-08-visual-warm-start.md).
 
 The examples are built as the run builds its inputs: the processor's chat template with one
 image placeholder per image expanded to the image's tokens (``algo/multimodal.encode_image_prompt``),
@@ -42,19 +45,16 @@ from bidirl.models.tiny import replace_dir
 _MARKER = "bidirl_warm_start.json"
 WARM_START_STEPS = get_task("shapes").warm_start_steps
 WARM_START_LR = 2e-3
-"""With random answers: 100 steps at 2e-3 write a well-formed answer at temperature 1 ~85 % of
-the time and leave the picture learnable (an answer-only GRPO probe, 2026-12-05: at lr 1e-4 it lifts greedy
-colour from 0.13 to 0.42 in 200 steps); at 5e-3 the format is learnt as well (100 %) but the
-model no longer learns the picture under RL (colour flat over 200 steps)."""
+"""At 5e-3 the format is learnt at once and the model no longer learns the picture under RL
+(colour flat over 200 steps, 2026-12-05); 2e-3 reaches the picture's cliff in 70-100 steps."""
+WARM_START_TRUTH_FRACTION = 1.0
+"""The share of examples trained on their ground truth (the rest on a random answer)."""
 
 
-def vl_sft_examples(processor, task_name: str, n: int, seed: int,
-                    answers: str = "truth") -> list[tuple[list[int], list[list[int]], tuple]]:
-    """(expanded prompt ids, the ``\\boxed{answer}`` ids + EOS it may be trained on, the images'
-    bytes) of ``n`` task rows: the ground truth's alone (``answers="truth"``), or every answer
-    of the row's question (``"random"``: one is drawn per step)."""
-    if answers not in ("truth", "random"):
-        raise ValueError(f"answers: 'truth' or 'random', not {answers!r}")
+def vl_sft_examples(processor, task_name: str, n: int,
+                    seed: int) -> list[tuple[list[int], list[int], list[list[int]], tuple]]:
+    """(expanded prompt ids, the ground truth's ``\\boxed{answer}`` ids + EOS, those of every
+    answer the row's question can have, the images' bytes) of ``n`` task rows."""
     tok = processor.tokenizer
 
     def target(answer: str) -> list[int]:
@@ -64,23 +64,25 @@ def vl_sft_examples(processor, task_name: str, n: int, seed: int,
     for i, raw in enumerate(get_task(task_name).rows(n, seed=seed, split="sft")):
         row = validate_image_row(raw, f"<task {task_name}, split sft>", i)
         prompt = encode_image_prompt(processor, row).input_ids
-        choices = (ANSWERS[raw["extra_info"]["question"]] if answers == "random"
-                   else (raw["reward_model"]["ground_truth"],))
-        out.append((prompt, [target(a) for a in choices], row.images))
+        answers = ANSWERS[raw["extra_info"]["question"]]
+        out.append((prompt, target(raw["reward_model"]["ground_truth"]), [target(a) for a in answers], row.images))
     return out
 
 
 def warm_start_vl(model_dir: str | Path, out_dir: str | Path, task: str = "shapes", steps: int = WARM_START_STEPS,
                   batch_size: int = 64, lr: float = WARM_START_LR, seed: int = 0, num_threads: int | None = 1,
-                  answers: str = "random") -> Path:
-    """SFT ``model_dir`` for ``steps`` steps on ``task``'s image rows (targets: ``answers``, see
-    the module's docstring) and save it to ``out_dir``.
+                  truth_fraction: float = WARM_START_TRUTH_FRACTION) -> Path:
+    """SFT ``model_dir`` for ``steps`` steps on ``task``'s image rows and save it to ``out_dir``.
+    Each example's target is its ground truth with probability ``truth_fraction``, else an
+    answer drawn uniformly from its question's answers (see the module's docstring).
 
     Idempotent: returns ``out_dir`` untouched if it holds a warm start of the same source and
     arguments."""
+    if not 0.0 <= truth_fraction <= 1.0:
+        raise ValueError(f"truth_fraction: a probability in [0, 1], not {truth_fraction!r}")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     spec = {"source": str(model_dir.resolve()), "tasks": [task], "steps": steps, "batch_size": batch_size,
-            "lr": lr, "seed": seed, "answers": answers}
+            "lr": lr, "seed": seed, "truth_fraction": truth_fraction}
     marker = out_dir / _MARKER
     if marker.is_file() and json.loads(marker.read_text()).get("spec") == spec:
         return out_dir
@@ -98,13 +100,14 @@ def warm_start_vl(model_dir: str | Path, out_dir: str | Path, task: str = "shape
     model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32).train()
     pad = processor.tokenizer.pad_token_id
     vision = VisionInputs(model_dir)
-    examples = vl_sft_examples(processor, task, max(512, batch_size * 8), seed, answers)
+    examples = vl_sft_examples(processor, task, max(512, batch_size * 8), seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.1, 1 - s / steps))
     rng = random.Random(seed)
     start, losses = time.perf_counter(), []
     for _ in range(steps):
-        batch = [(p, rng.choice(targets), imgs) for p, targets, imgs in rng.sample(examples, batch_size)]
+        batch = [(p, truth if rng.random() < truth_fraction else rng.choice(others), imgs)
+                 for p, truth, others, imgs in rng.sample(examples, batch_size)]
         L = max(len(p) + len(a) for p, a, _ in batch)
         ids = torch.full((len(batch), L), pad, dtype=torch.long)
         labels = torch.full((len(batch), L), -100, dtype=torch.long)

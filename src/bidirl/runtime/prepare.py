@@ -31,7 +31,7 @@ from bidirl.engines.hf_io import is_vision_language
 from bidirl.models.tiny import build_tiny_model, encode_prompt
 from bidirl.models.tiny_vl import build_tiny_vl_model
 from bidirl.models.warm_start import warm_start
-from bidirl.models.warm_start_vl import warm_start_vl
+from bidirl.models.warm_start_vl import WARM_START_TRUTH_FRACTION, warm_start_vl
 from bidirl.runtime.config import ConfigError, TrainConfig
 from bidirl.runtime.model_check import check_model_dir, cpu_head_sizes
 from bidirl.runtime.reward_call import BadRewardError, RewardFn, call_reward, describe_bad_reward
@@ -78,8 +78,10 @@ def _prepare_tiny_vl(cfg: TrainConfig) -> str:
     steps = _warm_start_steps(cfg, task)
     if steps <= 0:
         return str(base)
-    out = MODELS_CACHE / f"{base.name}-sft-{task}-format-{steps}"  # random answers: the format only
-    print(f"[bidirl] warm start: {steps} SFT steps on {task} (images, the format) -> {out}", file=sys.stderr)
+    truth = WARM_START_TRUTH_FRACTION
+    out = MODELS_CACHE / f"{base.name}-sft-{task}-{steps}-truth{truth:g}"
+    print(f"[bidirl] warm start: {steps} SFT steps on {task} (images, {truth:.0%} true answers) -> {out}",
+          file=sys.stderr)
     warm_start_vl(base, out, task=task, steps=steps, seed=cfg.run.seed)
     return str(out)
 
