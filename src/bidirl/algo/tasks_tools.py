@@ -194,10 +194,13 @@ class ToolTask:
         return rows
 
 
-# kv_lookup's warm start: 200 steps teach the call's format but not to copy the key (greedy
-# validation 0.0 through 40 RL steps), 350 neither (0.0), 600 both (0.875 after 10 RL steps,
-# 0.938 after 20; 2-layer tiny model, lr 3e-3, docs/notes/2026-12-05-late-multi-turn.md)
-KV_LOOKUP = ToolTask("kv_lookup", _kv_row, KeyValueLookupEnv, LOOKUP_MAX_TURNS, lookup_expert, warm_start_steps=600,
+# kv_lookup's warm start (2-layer tiny model, lr 3e-3, seed 0): copying the key is a cliff.
+# 200 and 350 steps teach the call's format but not the copy (greedy validation 0.0), 400
+# copies 1 key in 11 (0.086) and RL does not move it, 450 and 600 copy every key (1.0: nothing
+# left to learn, and RL can only lose it).  425 stops on the cliff's face (0.414), and RL at
+# trainer.lr=1e-4 with trainer.kl_coef=0.05 climbs from there (BENCHMARKS.md, "Convergence";
+# docs/notes/2026-12-05-late-multi-turn.md, 2026-12-08-visual-warm-start.md).
+KV_LOOKUP = ToolTask("kv_lookup", _kv_row, KeyValueLookupEnv, LOOKUP_MAX_TURNS, lookup_expert, warm_start_steps=425,
                      turn_tokens=72)
 GUESS_NUMBER = ToolTask("guess_number", _guess_row, GuessNumberEnv, GUESS_MAX_TURNS, guess_expert)
 TOOL_TASKS: dict[str, ToolTask] = {t.name: t for t in (KV_LOOKUP, GUESS_NUMBER)}
