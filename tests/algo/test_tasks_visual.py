@@ -81,5 +81,5 @@ def test_the_visual_task_keeps_the_warm_start_count_of_a_task():
     from bidirl.algo.tasks import get_task
 
     task = get_task("shapes")
-    assert isinstance(task.warm_start_steps, int) and task.warm_start_steps == 100
+    assert isinstance(task.warm_start_steps, int) and task.warm_start_steps == 85
     assert callable(task.example)
