@@ -59,3 +59,18 @@ def test_warm_start_steps_default_to_the_tasks_own(monkeypatch, tmp_path, overri
     task = load_config(overrides=list(overrides)).data.task
     assert seen == ([] if steps is None else [((task,), steps)])
     assert model_dir.endswith("H128" if steps is None else f"-sft-{task}-{steps}")
+
+
+@pytest.mark.parametrize("kind", ["text", "vl"])
+def test_every_rl_seed_starts_from_the_same_warm_start(monkeypatch, tmp_path, kind):
+    """``run.seed`` seeds the RL, not the warm start: a short warm start can stop on either side
+    of its task's cliff depending on its seed, and a seed study must compare RL from one model."""
+    seen = []
+    monkeypatch.setattr(prepare, "MODELS_CACHE", tmp_path)
+    monkeypatch.setattr(prepare, "build_tiny_model", lambda *a, **k: None)
+    monkeypatch.setattr(prepare, "build_tiny_vl_model", lambda *a, **k: None)
+    monkeypatch.setattr(prepare, "warm_start", lambda *a, seed, **k: seen.append(seed))
+    monkeypatch.setattr(prepare, "warm_start_vl", lambda *a, seed, **k: seen.append(seed))
+    task = ["data.task=shapes", "model.kind=vl"] if kind == "vl" else ["data.task=kv_lookup"]
+    dirs = {prepare.prepare_model(load_config(overrides=[*task, f"run.seed={s}"])) for s in (0, 1, 7)}
+    assert seen == [prepare.WARM_START_SEED] * 3 and len(dirs) == 1
