@@ -40,8 +40,8 @@ from bidirl.runtime.validation import BUILTIN_VAL_ROWS
 
 MODELS_CACHE = Path(os.environ.get("BIDIRL_CACHE", Path.home() / ".cache" / "bidirl")) / "models"
 WARM_START_SEED = 0
-"""Whatever ``run.seed``: a warm start stands for the checkpoint every RL seed starts from (seeded
-by run.seed, kv_lookup's at 425 steps read 0.414 on seed 0, 0.008 on 1: notes/2026-12-08-*)."""
+"""The built-in warm starts' seed, not ``run.seed``: every RL seed starts from one checkpoint (seeded
+by run.seed, kv_lookup's 425-step warm start read 0.414 on seed 0 and 0.008 on seed 1)."""
 
 
 def prepare_model(cfg: TrainConfig) -> str:
